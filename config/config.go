@@ -1,0 +1,552 @@
+// Package config loads the front's YAML configuration.
+//
+// Loading is strict: an unknown key or a value of the wrong type or range is
+// an error naming file:line, because a typo in a security setting that is
+// silently ignored is worse than a daemon that refuses to start. Keys of
+// features that are not built yet are parsed and validated like the rest;
+// Unsupported reports which of them are switched on so `serve` can refuse to
+// start instead of ignoring them.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+	"golang.org/x/net/idna"
+)
+
+// DefaultPath is read when neither --config nor $SECURELINK_CONFIG names a file.
+const DefaultPath = "/etc/securelink/config.yaml"
+
+// EnvConfig names the configuration file when --config is not given.
+const EnvConfig = "SECURELINK_CONFIG"
+
+// MaxFileBytes bounds the configuration file; a larger file is not a
+// configuration anyone wrote by hand.
+const MaxFileBytes = 1 << 20
+
+// Config is the front's configuration. Field comments give the default.
+type Config struct {
+	Listen        string    `yaml:"listen"`         // ":9443"
+	Advertise     string    `yaml:"advertise"`      // "" = detect once and remember
+	AdvertisePort int       `yaml:"advertise_port"` // 0 = the listen port
+	ExtraNames    []string  `yaml:"extra_names"`    // more SAN names / accepted Host values
+	StateDir      string    `yaml:"state_dir"`      // see ResolveStateDir
+	TLS           TLS       `yaml:"tls"`
+	HTTP3         bool      `yaml:"http3"` // not supported yet
+	Upstreams     Upstreams `yaml:"upstreams"`
+	Relay         Relay     `yaml:"relay"`
+	Reach         Reach     `yaml:"reach"`
+	Admin         Admin     `yaml:"admin"`
+	Metrics       Metrics   `yaml:"metrics"`
+	Log           Log       `yaml:"log"`
+
+	// File is the file the configuration came from; empty for built-in defaults.
+	File string `yaml:"-"`
+	// lines maps a dotted key path to its line in File, for error messages.
+	lines map[string]int
+}
+
+// TLS selects where the front's identity comes from.
+type TLS struct {
+	Mode     string `yaml:"mode"`     // self_signed | files | acme (not supported yet)
+	KeyType  string `yaml:"key_type"` // ecdsa-p256 | rsa-3072 (self_signed)
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	ACME     ACME   `yaml:"acme"`
+}
+
+// ACME is parsed for forward compatibility; the mode itself is not built yet.
+type ACME struct {
+	Email      string `yaml:"email"`
+	CA         string `yaml:"ca"`
+	CARootFile string `yaml:"ca_root_file"`
+}
+
+// Upstreams are the three fixed loopback services. No client input selects
+// an upstream: these URLs are the only ones the front ever dials.
+type Upstreams struct {
+	Relay       string `yaml:"relay"`     // http://127.0.0.1:8767
+	API         string `yaml:"api"`       // http://127.0.0.1:8642
+	Dashboard   string `yaml:"dashboard"` // http://127.0.0.1:9119
+	AllowRemote bool   `yaml:"allow_remote"`
+}
+
+// Relay holds the /relay bridge settings.
+type Relay struct {
+	ProxySecretFile string `yaml:"proxy_secret_file"`
+}
+
+// Reach configures the outbound host connector.
+type Reach struct {
+	Enabled       bool   `yaml:"enabled"`
+	BrokerURL     string `yaml:"broker_url"`
+	HostID        string `yaml:"host_id"`
+	HostTokenFile string `yaml:"host_token_file"`
+	CAFile        string `yaml:"ca_file"`
+	MaxStreams    int    `yaml:"max_streams"` // 16
+}
+
+// Admin configures the local control socket.
+type Admin struct {
+	Socket string `yaml:"socket"` // <state_dir>/admin.sock
+}
+
+// Metrics configures the Prometheus listener.
+type Metrics struct {
+	Listen string `yaml:"listen"` // "" = off; loopback only
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `yaml:"level"`  // info
+	Format string `yaml:"format"` // auto
+}
+
+// Default returns the zero-config configuration.
+func Default() *Config {
+	return &Config{
+		Listen: ":9443",
+		TLS:    TLS{Mode: "self_signed", KeyType: "ecdsa-p256"},
+		Upstreams: Upstreams{
+			Relay:     "http://127.0.0.1:8767",
+			API:       "http://127.0.0.1:8642",
+			Dashboard: "http://127.0.0.1:9119",
+		},
+		Reach: Reach{MaxStreams: 16},
+		Log:   Log{Level: "info", Format: "auto"},
+	}
+}
+
+// ResolvePath picks the configuration file: the flag, else $SECURELINK_CONFIG,
+// else DefaultPath when it exists, else "" (built-in defaults).
+func ResolvePath(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if env := os.Getenv(EnvConfig); env != "" {
+		return env
+	}
+	if _, err := os.Stat(DefaultPath); err == nil {
+		return DefaultPath
+	}
+	return ""
+}
+
+// Load reads and validates the configuration at path; "" yields the defaults.
+func Load(path string) (*Config, error) {
+	if path == "" {
+		c := Default()
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("config: %s: %w", path, err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("config: %s: larger than %d bytes", path, MaxFileBytes)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes data (named name in errors) over the defaults and validates it.
+func Parse(name string, data []byte) (*Config, error) {
+	c := Default()
+	c.File = name
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("%s: %s", name, trimYAMLError(err.Error()))
+	}
+	c.lines = map[string]int{}
+	if len(root.Content) > 0 {
+		if root.Content[0].Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("%s:%d: the configuration must be a mapping of keys", name, root.Content[0].Line)
+		}
+		indexLines(root.Content[0], "", c.lines)
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s", formatDecodeError(name, err))
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// indexLines records the line of every mapping key by dotted path.
+func indexLines(n *yaml.Node, prefix string, out map[string]int) {
+	if n.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		path := k.Value
+		if prefix != "" {
+			path = prefix + "." + k.Value
+		}
+		out[path] = k.Line
+		indexLines(n.Content[i+1], path, out)
+	}
+}
+
+func trimYAMLError(s string) string {
+	return strings.TrimPrefix(s, "yaml: ")
+}
+
+// formatDecodeError turns yaml.v3's "line N: ..." messages into "file:N: ...".
+func formatDecodeError(name string, err error) string {
+	var te *yaml.TypeError
+	var msgs []string
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	} else {
+		msgs = []string{trimYAMLError(err.Error())}
+	}
+	out := make([]string, 0, len(msgs))
+	for _, m := range msgs {
+		m = trimYAMLError(m)
+		if rest, ok := strings.CutPrefix(m, "line "); ok {
+			if i := strings.Index(rest, ": "); i > 0 {
+				if _, err := strconv.Atoi(rest[:i]); err == nil {
+					msg := rest[i+2:]
+					msg = strings.Replace(msg, "not found in type", "is not a known key in", 1)
+					out = append(out, fmt.Sprintf("%s:%s: %s", name, rest[:i], msg))
+					continue
+				}
+			}
+		}
+		out = append(out, name+": "+m)
+	}
+	return strings.Join(out, "; ")
+}
+
+// Errorf formats an error about key, naming file:line when the key came from a file.
+func (c *Config) Errorf(key, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if c.File == "" {
+		return fmt.Errorf("config: %s: %s", key, msg)
+	}
+	if line, ok := c.lineOf(key); ok {
+		return fmt.Errorf("%s:%d: %s: %s", c.File, line, key, msg)
+	}
+	return fmt.Errorf("%s: %s: %s", c.File, key, msg)
+}
+
+// lineOf finds key's line, falling back to its closest parent that was written.
+func (c *Config) lineOf(key string) (int, bool) {
+	for k := key; k != ""; {
+		if l, ok := c.lines[k]; ok {
+			return l, true
+		}
+		i := strings.LastIndexByte(k, '.')
+		if i < 0 {
+			break
+		}
+		k = k[:i]
+	}
+	return 0, false
+}
+
+// Validate checks every key. It does not touch the filesystem or network.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := ListenPort(c.Listen); err != nil {
+		add(c.Errorf("listen", "%v", err))
+	}
+	if c.Advertise != "" {
+		if _, err := NormalizeHost(c.Advertise); err != nil {
+			add(c.Errorf("advertise", "%v", err))
+		}
+	}
+	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
+		add(c.Errorf("advertise_port", "must be 0..65535"))
+	}
+	for i, n := range c.ExtraNames {
+		if _, err := NormalizeHost(n); err != nil {
+			add(c.Errorf("extra_names", "entry %d: %v", i+1, err))
+		}
+	}
+	switch c.TLS.Mode {
+	case "self_signed", "acme":
+	case "files":
+		if c.TLS.CertFile == "" || c.TLS.KeyFile == "" {
+			add(c.Errorf("tls.mode", "files mode needs tls.cert_file and tls.key_file"))
+		}
+	default:
+		add(c.Errorf("tls.mode", "%q is not one of self_signed, files, acme", c.TLS.Mode))
+	}
+	switch c.TLS.KeyType {
+	case "ecdsa-p256", "rsa-3072":
+	default:
+		add(c.Errorf("tls.key_type", "%q is not one of ecdsa-p256, rsa-3072", c.TLS.KeyType))
+	}
+	if c.TLS.ACME.CA != "" {
+		if u, err := url.Parse(c.TLS.ACME.CA); err != nil || u.Scheme != "https" || u.Host == "" {
+			add(c.Errorf("tls.acme.ca", "must be an https:// ACME directory URL"))
+		}
+	}
+	for _, u := range []struct{ key, val string }{
+		{"upstreams.relay", c.Upstreams.Relay},
+		{"upstreams.api", c.Upstreams.API},
+		{"upstreams.dashboard", c.Upstreams.Dashboard},
+	} {
+		if _, err := ParseUpstream(u.val, c.Upstreams.AllowRemote); err != nil {
+			add(c.Errorf(u.key, "%v", err))
+		}
+	}
+	if c.Reach.BrokerURL != "" {
+		if err := CheckBrokerURL(c.Reach.BrokerURL); err != nil {
+			add(c.Errorf("reach.broker_url", "%v", err))
+		}
+	}
+	if c.Reach.HostID != "" && !CanonicalID(c.Reach.HostID) {
+		add(c.Errorf("reach.host_id", "must be the 22-character id printed by `securelink broker add-host`"))
+	}
+	if c.Reach.MaxStreams < 1 || c.Reach.MaxStreams > 1024 {
+		add(c.Errorf("reach.max_streams", "must be 1..1024"))
+	}
+	if c.Reach.Enabled {
+		if c.Reach.BrokerURL == "" {
+			add(c.Errorf("reach.broker_url", "required when reach.enabled is true"))
+		}
+		if c.Reach.HostID == "" {
+			add(c.Errorf("reach.host_id", "required when reach.enabled is true (from `securelink broker add-host`)"))
+		}
+		if c.Reach.HostTokenFile == "" {
+			add(c.Errorf("reach.host_token_file", "required when reach.enabled is true"))
+		}
+	}
+	if c.Metrics.Listen != "" {
+		if err := CheckLoopbackListen(c.Metrics.Listen); err != nil {
+			add(c.Errorf("metrics.listen", "%v", err))
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		add(c.Errorf("log.level", "%q is not one of debug, info, warn, error", c.Log.Level))
+	}
+	switch c.Log.Format {
+	case "auto", "json", "console":
+	default:
+		add(c.Errorf("log.format", "%q is not one of auto, json, console", c.Log.Format))
+	}
+	return errors.Join(errs...)
+}
+
+// Unsupported reports the switched-on features that this build cannot run
+// yet, as errors naming file:line. `serve` refuses to start on any of them.
+func (c *Config) Unsupported() error {
+	var errs []error
+	if c.TLS.Mode == "acme" {
+		errs = append(errs, c.Errorf("tls.mode", "acme is not supported yet; use self_signed or files"))
+	}
+	if c.HTTP3 {
+		errs = append(errs, c.Errorf("http3", "HTTP/3 is not supported yet; set http3: false"))
+	}
+	if c.Reach.Enabled {
+		errs = append(errs, c.Errorf("reach.enabled", "Reach is not supported yet; set reach.enabled: false"))
+	}
+	if c.Metrics.Listen != "" {
+		errs = append(errs, c.Errorf("metrics.listen", "metrics are not supported yet; leave metrics.listen empty"))
+	}
+	return errors.Join(errs...)
+}
+
+// ListenPort validates a host:port listen address and returns its port.
+func ListenPort(addr string) (int, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not host:port", addr)
+	}
+	if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil && host != "localhost" {
+			return 0, fmt.Errorf("%q: listen host must be an IP address (or empty for all)", addr)
+		}
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return 0, fmt.Errorf("%q: port must be 0..65535", addr)
+	}
+	return p, nil
+}
+
+// NormalizeHost returns the canonical form of a host name or IP address used
+// for the authority and extra names: IPs in their canonical text, DNS names
+// IDNA-mapped to ASCII, lower case, without a trailing dot.
+func NormalizeHost(s string) (string, error) {
+	if s == "" {
+		return "", errors.New("empty host")
+	}
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		s = s[1 : len(s)-1]
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			return "", fmt.Errorf("%q: scoped IPv6 addresses cannot be an authority", s)
+		}
+		return a.Unmap().String(), nil
+	}
+	h := strings.TrimSuffix(s, ".")
+	if h == "" || strings.ContainsAny(h, ":/[]@ \t") {
+		return "", fmt.Errorf("%q is not a host name or IP address", s)
+	}
+	a, err := idna.Lookup.ToASCII(h)
+	if err != nil {
+		return "", fmt.Errorf("%q is not a valid host name", s)
+	}
+	return strings.ToLower(a), nil
+}
+
+// ParseUpstream checks an upstream base URL: http:// on loopback (or, with
+// allowRemote, a private-network address), no user info, query or fragment.
+// A trailing slash on the path is removed so tails join cleanly.
+func ParseUpstream(raw string, allowRemote bool) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not a URL", raw)
+	}
+	if u.Scheme != "http" {
+		return nil, fmt.Errorf("%q must be an http:// URL of a loopback service", raw)
+	}
+	if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Opaque != "" {
+		return nil, fmt.Errorf("%q must not carry user info, a query or a fragment", raw)
+	}
+	host := u.Hostname()
+	if host == "" {
+		return nil, fmt.Errorf("%q has no host", raw)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%q has an invalid port", raw)
+		}
+	}
+	if !IsLoopbackHost(host) {
+		a, err := netip.ParseAddr(host)
+		if !allowRemote {
+			return nil, fmt.Errorf("%q is not on loopback (127.0.0.1, ::1 or localhost); set upstreams.allow_remote: true for a private-network service", raw)
+		}
+		if err != nil || !a.Unmap().IsPrivate() {
+			return nil, fmt.Errorf("%q: allow_remote permits only private-network IP addresses", raw)
+		}
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.RawPath = ""
+	return u, nil
+}
+
+// IsLoopbackHost reports whether host is localhost or a loopback address.
+func IsLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+// CheckBrokerURL enforces the only broker URL form clients accept:
+// wss://host[:port]/v1/connect with nothing else.
+func CheckBrokerURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("not a URL")
+	}
+	if u.Scheme != "wss" || u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("must be wss://host[:port]/v1/connect")
+	}
+	if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Path != "/v1/connect" || u.RawPath != "" {
+		return fmt.Errorf("must be exactly wss://host[:port]/v1/connect (no user info, other path, query or fragment)")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("invalid port")
+		}
+	}
+	return nil
+}
+
+// CanonicalID reports whether s is unpadded base64url of exactly 16 bytes in
+// its canonical encoding (the Reach host_id form).
+func CanonicalID(s string) bool {
+	if len(s) != 22 {
+		return false
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(alphabet, s[i]) < 0 {
+			return false
+		}
+	}
+	// 16 bytes = 128 bits; 22 chars carry 132 bits, so the last char's low 4 bits must be zero.
+	return strings.IndexByte(alphabet, s[21])&0x0f == 0
+}
+
+// CheckLoopbackListen requires host:port on a loopback IP (metrics, admin).
+func CheckLoopbackListen(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if !IsLoopbackHost(host) {
+		return fmt.Errorf("%q must be on loopback (e.g. 127.0.0.1:9464)", addr)
+	}
+	_, err = ListenPort(addr)
+	return err
+}
+
+// ResolveStateDir applies the state-directory rule of the operator contract:
+// the configured state_dir, else $STATE_DIRECTORY (set by systemd; the first
+// entry when it lists several), else /var/lib/securelink when the
+// configuration came from /etc/securelink, else ~/.hermes/securelink.
+func (c *Config) ResolveStateDir() (string, error) {
+	if c.StateDir != "" {
+		return filepath.Abs(c.StateDir)
+	}
+	if sd := os.Getenv("STATE_DIRECTORY"); sd != "" {
+		first, _, _ := strings.Cut(sd, ":")
+		return filepath.Abs(first)
+	}
+	if c.File != "" {
+		if abs, err := filepath.Abs(c.File); err == nil && strings.HasPrefix(abs, "/etc/securelink/") {
+			return "/var/lib/securelink", nil
+		}
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		return "", errors.New("cannot find a state directory: set state_dir or $HOME")
+	}
+	return filepath.Join(home, ".hermes", "securelink"), nil
+}
+
+// AdminSocket returns the admin socket path for stateDir.
+func (c *Config) AdminSocket(stateDir string) string {
+	if c.Admin.Socket != "" {
+		return c.Admin.Socket
+	}
+	return filepath.Join(stateDir, "admin.sock")
+}

@@ -1,0 +1,210 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDefaultsValidate(t *testing.T) {
+	c, err := Load("")
+	if err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if c.Listen != ":9443" || c.TLS.Mode != "self_signed" || c.Reach.MaxStreams != 16 {
+		t.Fatalf("unexpected defaults: %+v", c)
+	}
+	if err := c.Unsupported(); err != nil {
+		t.Fatalf("defaults must not switch on unsupported features: %v", err)
+	}
+}
+
+func TestUnknownKeyNamesFileAndLine(t *testing.T) {
+	_, err := Parse("/etc/x.yaml", []byte("listen: \":9443\"\ntls:\n  mode: files\n  cert_fiel: /a\n"))
+	if err == nil || !strings.Contains(err.Error(), "/etc/x.yaml:4:") || !strings.Contains(err.Error(), "cert_fiel") {
+		t.Fatalf("want file:line error for unknown key, got %v", err)
+	}
+}
+
+func TestBadValueNamesFileAndLine(t *testing.T) {
+	cases := map[string]string{
+		"listen: nonsense\n":                                     "c.yaml:1: listen",
+		"log:\n  level: chatty\n":                                "c.yaml:2: log.level",
+		"upstreams:\n  api: http://10.0.0.5:8642\n":              "c.yaml:2: upstreams.api",
+		"upstreams:\n  api: https://127.0.0.1:8642\n":            "c.yaml:2: upstreams.api",
+		"upstreams:\n  api: http://u:p@127.0.0.1:1\n":            "c.yaml:2: upstreams.api",
+		"upstreams:\n  api: http://127.0.0.1:1/?q=1\n":           "c.yaml:2: upstreams.api",
+		"upstreams:\n  api: http://127.0.0.1:1/#f\n":             "c.yaml:2: upstreams.api",
+		"advertise_port: 70000\n":                                "c.yaml:1: advertise_port",
+		"tls:\n  mode: files\n":                                  "c.yaml:2: tls.mode",
+		"tls:\n  key_type: ed25519\n":                            "c.yaml:2: tls.key_type",
+		"reach:\n  broker_url: wss://b.example/x\n":              "c.yaml:2: reach.broker_url",
+		"reach:\n  broker_url: ws://b.example/v1/connect\n":      "c.yaml:2: reach.broker_url",
+		"reach:\n  broker_url: wss://b.example/v1/connect?t=1\n": "c.yaml:2: reach.broker_url",
+		"reach:\n  host_id: abc\n":                               "c.yaml:2: reach.host_id",
+		"reach:\n  enabled: true\n":                              "reach.broker_url",
+		"metrics:\n  listen: 0.0.0.0:9464\n":                     "c.yaml:2: metrics.listen",
+		"advertise: \"bad host/\"\n":                             "c.yaml:1: advertise",
+		"extra_names: [\"ok.example\", \"a b\"]\n":               "c.yaml:1: extra_names",
+		"http3: maybe\n":                                         "c.yaml:1:",
+		"reach:\n  max_streams: 0\n":                             "c.yaml:2: reach.max_streams",
+	}
+	for in, want := range cases {
+		_, err := Parse("c.yaml", []byte(in))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: want error containing %q, got %v", in, want, err)
+		}
+	}
+}
+
+func TestAllowRemoteOnlyPrivate(t *testing.T) {
+	if _, err := Parse("c", []byte("upstreams:\n  allow_remote: true\n  api: http://172.17.0.2:8642\n")); err != nil {
+		t.Fatalf("private upstream with allow_remote: %v", err)
+	}
+	if _, err := Parse("c", []byte("upstreams:\n  allow_remote: true\n  api: http://8.8.8.8:8642\n")); err == nil {
+		t.Fatal("public upstream accepted with allow_remote")
+	}
+	if _, err := Parse("c", []byte("upstreams:\n  allow_remote: true\n  api: http://example.com:8642\n")); err == nil {
+		t.Fatal("DNS upstream accepted with allow_remote")
+	}
+}
+
+func TestLoopbackForms(t *testing.T) {
+	for _, u := range []string{"http://127.0.0.1:1", "http://[::1]:1", "http://localhost:1", "http://LOCALHOST:1/base/", "http://127.1.2.3:80"} {
+		p, err := ParseUpstream(u, false)
+		if err != nil {
+			t.Errorf("%s: %v", u, err)
+			continue
+		}
+		if strings.HasSuffix(p.Path, "/") {
+			t.Errorf("%s: trailing slash kept: %q", u, p.Path)
+		}
+	}
+}
+
+func TestUnsupportedFeatures(t *testing.T) {
+	c, err := Parse("c.yaml", []byte("http3: true\ntls:\n  mode: acme\nmetrics:\n  listen: 127.0.0.1:9464\n"))
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	err = c.Unsupported()
+	for _, want := range []string{"c.yaml:1: http3", "c.yaml:3: tls.mode", "c.yaml:5: metrics.listen", "not supported yet"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+}
+
+func TestResolvePathAndStateDir(t *testing.T) {
+	t.Setenv(EnvConfig, "/from/env.yaml")
+	if got := ResolvePath("/flag.yaml"); got != "/flag.yaml" {
+		t.Fatalf("flag must win, got %q", got)
+	}
+	if got := ResolvePath(""); got != "/from/env.yaml" {
+		t.Fatalf("env must be used, got %q", got)
+	}
+	t.Setenv("STATE_DIRECTORY", "/var/lib/sd:/other")
+	c := Default()
+	if d, _ := c.ResolveStateDir(); d != "/var/lib/sd" {
+		t.Fatalf("STATE_DIRECTORY: %q", d)
+	}
+	t.Setenv("STATE_DIRECTORY", "")
+	c.File = "/etc/securelink/config.yaml"
+	if d, _ := c.ResolveStateDir(); d != "/var/lib/securelink" {
+		t.Fatalf("etc config: %q", d)
+	}
+	c.File = ""
+	t.Setenv("HOME", "/home/op")
+	if d, _ := c.ResolveStateDir(); d != "/home/op/.hermes/securelink" {
+		t.Fatalf("home: %q", d)
+	}
+	c.StateDir = "/explicit"
+	if d, _ := c.ResolveStateDir(); d != "/explicit" {
+		t.Fatalf("explicit: %q", d)
+	}
+}
+
+func TestLoadFileAndExample(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "c.yaml")
+	os.WriteFile(p, []byte("advertise: Host.Example.\nextra_names: [b.example]\n"), 0o600)
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.File != p || c.Advertise != "Host.Example." {
+		t.Fatalf("loaded %+v", c)
+	}
+	// The shipped example must load as it is and switch nothing unsupported on.
+	ex, err := Load("../config.example.yaml")
+	if err != nil {
+		t.Fatalf("config.example.yaml: %v", err)
+	}
+	if err := ex.Unsupported(); err != nil {
+		t.Fatalf("config.example.yaml switches on an unsupported feature: %v", err)
+	}
+}
+
+func TestNormalizeHost(t *testing.T) {
+	cases := map[string]string{
+		"Host.Example.":    "host.example",
+		"[2001:db8::1]":    "2001:db8::1",
+		"2001:0db8:0::1":   "2001:db8::1",
+		"::ffff:192.0.2.1": "192.0.2.1",
+		"bücher.example":   "xn--bcher-kva.example",
+		"192.0.2.10":       "192.0.2.10",
+	}
+	for in, want := range cases {
+		got, err := NormalizeHost(in)
+		if err != nil || got != want {
+			t.Errorf("%q: got %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", ".", "a b", "a/b", "h:1", "fe80::1%eth0", "[::1"} {
+		if _, err := NormalizeHost(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestCanonicalID(t *testing.T) {
+	if !CanonicalID("AAAAAAAAAAAAAAAAAAAAAA") || !CanonicalID("_____________________w") {
+		t.Fatal("canonical ids refused")
+	}
+	for _, bad := range []string{"AAAAAAAAAAAAAAAAAAAAAB", "AAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAA==", "AAAAAAAAAAAAAAAAAAAA+A"} {
+		if CanonicalID(bad) {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"listen: \":9443\"\n",
+		"tls:\n  mode: files\n  cert_file: a\n  key_file: b\n",
+		"upstreams:\n  api: http://[::1]:1\n",
+		"reach:\n  enabled: true\n  broker_url: wss://b/v1/connect\n  host_id: AAAAAAAAAAAAAAAAAAAAAA\n  host_token_file: t\n",
+		"- a\n- b\n", "a: [\n", "&a x: *a\n", "extra_names: {a: 1}\n", "",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse("fuzz.yaml", data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") && !strings.HasPrefix(err.Error(), "config:") {
+				t.Fatalf("error without file name: %v", err)
+			}
+			return
+		}
+		// Whatever parsed must satisfy the invariants the server relies on.
+		for _, u := range []string{c.Upstreams.Relay, c.Upstreams.API, c.Upstreams.Dashboard} {
+			if _, err := ParseUpstream(u, c.Upstreams.AllowRemote); err != nil {
+				t.Fatalf("accepted invalid upstream %q", u)
+			}
+		}
+		if _, err := ListenPort(c.Listen); err != nil {
+			t.Fatalf("accepted invalid listen %q", c.Listen)
+		}
+	})
+}

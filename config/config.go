@@ -22,7 +22,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
-	"golang.org/x/net/idna"
+
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
 // DefaultPath is read when neither --config nor $SECURELINK_CONFIG names a file.
@@ -396,32 +397,9 @@ func ListenPort(addr string) (int, error) {
 	return p, nil
 }
 
-// NormalizeHost returns the canonical form of a host name or IP address used
-// for the authority and extra names: IPs in their canonical text, DNS names
-// IDNA-mapped to ASCII, lower case, without a trailing dot.
-func NormalizeHost(s string) (string, error) {
-	if s == "" {
-		return "", errors.New("empty host")
-	}
-	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
-		s = s[1 : len(s)-1]
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		if a.Zone() != "" {
-			return "", fmt.Errorf("%q: scoped IPv6 addresses cannot be an authority", s)
-		}
-		return a.Unmap().String(), nil
-	}
-	h := strings.TrimSuffix(s, ".")
-	if h == "" || strings.ContainsAny(h, ":/[]@ \t") {
-		return "", fmt.Errorf("%q is not a host name or IP address", s)
-	}
-	a, err := idna.Lookup.ToASCII(h)
-	if err != nil {
-		return "", fmt.Errorf("%q is not a valid host name", s)
-	}
-	return strings.ToLower(a), nil
-}
+// NormalizeHost is the authority's host normalization (see package pinning),
+// re-exported so configuration errors and the identity agree on names.
+func NormalizeHost(s string) (string, error) { return pinning.NormalizeHost(s) }
 
 // ParseUpstream checks an upstream base URL: http:// on loopback (or, with
 // allowRemote, a private-network address), no user info, query or fragment.

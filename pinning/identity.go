@@ -1,0 +1,682 @@
+package pinning
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
+)
+
+// Identity modes (tls.mode).
+const (
+	ModeSelfSigned = "self_signed"
+	ModeFiles      = "files"
+	ModeACME       = "acme"
+)
+
+// Key types (tls.key_type).
+const (
+	KeyECDSAP256 = "ecdsa-p256"
+	KeyRSA3072   = "rsa-3072"
+)
+
+const (
+	// IdentityFileName holds key and certificate of the self-signed
+	// identity in one file, so one rename replaces both and a reader never
+	// sees a key from one identity with the certificate of another.
+	IdentityFileName = "identity.pem"
+	// BackupDirName holds the identities replaced by rotations.
+	BackupDirName = "identity-backups"
+	// KeepBackups is how many replaced identities are kept.
+	KeepBackups = 3
+
+	// selfSignedValidity is long because clients pin the key and ignore
+	// expiry; a short validity would only add a failure mode.
+	selfSignedValidity = 10 // years
+	// backdate tolerates clients whose clock is somewhat behind.
+	backdate = time.Hour
+	// maxPEMFile bounds the identity, certificate and key files read.
+	maxPEMFile = 1 << 20
+	// maxCNLen is the X.520 upper bound for a common name.
+	maxCNLen = 64
+)
+
+// ErrNoIdentity means no self-signed identity exists yet in the state
+// directory.
+var ErrNoIdentity = errors.New("no identity")
+
+// IdentityPath is the self-signed identity file in stateDir.
+func IdentityPath(stateDir string) string { return filepath.Join(stateDir, IdentityFileName) }
+
+// BackupDir is where rotations keep the replaced identities.
+func BackupDir(stateDir string) string { return filepath.Join(stateDir, BackupDirName) }
+
+// IdentityConfig says which identity the front serves and which names it
+// must cover.
+type IdentityConfig struct {
+	// StateDir holds the self-signed identity (0700).
+	StateDir string
+	// Mode is ModeSelfSigned (default when empty) or ModeFiles; ModeACME is
+	// recognized and refused as not supported yet.
+	Mode string
+	// KeyType is KeyECDSAP256 (default when empty) or KeyRSA3072; it only
+	// matters when a self-signed identity is created.
+	KeyType string
+	// CertFile and KeyFile are the operator's PEM files in files mode.
+	CertFile, KeyFile string
+	// Authority is what clients connect to; its host must be covered.
+	Authority Authority
+	// ExtraNames are further SANs (and accepted Host values).
+	ExtraNames []string
+	// Now is the clock used for new certificates and validity warnings;
+	// nil = time.Now.
+	Now func() time.Time
+	// SkipNameCheck loads an identity without requiring it to cover the
+	// authority and extra names, for commands that only display it (e.g.
+	// `pin --rotate` without --yes). The front never sets it.
+	SkipNameCheck bool
+}
+
+// Identity is a loaded key and certificate with what is derived from them.
+type Identity struct {
+	// Certificate is ready for tls.Config (Leaf set).
+	Certificate tls.Certificate
+	Leaf        *x509.Certificate
+	// Pin is "sha256/" + standard base64 of SHA-256(SPKI DER).
+	Pin     string
+	CertDER []byte
+	// Source is the file the certificate was loaded from.
+	Source string
+	// ChangedAt is when this identity came into being: the identity file's
+	// modification time (self-signed) or the certificate file's (files).
+	ChangedAt time.Time
+	// KeyType names the key algorithm, e.g. "ecdsa-p256" or "rsa-3072".
+	KeyType string
+	// Warnings are problems that do not prevent serving.
+	Warnings []string
+}
+
+// SANs lists the names the certificate covers.
+func (id *Identity) SANs() []string { return SANs(id.Leaf) }
+
+// CertDERBase64 is the standard base64 of the leaf DER, as in cert_der.
+func (id *Identity) CertDERBase64() string { return base64.StdEncoding.EncodeToString(id.CertDER) }
+
+// checkedConfig is an IdentityConfig with defaults applied and names
+// normalized; names[0] is the authority host when one is set.
+type checkedConfig struct {
+	IdentityConfig
+	names []string
+}
+
+func (c IdentityConfig) check() (checkedConfig, error) {
+	cc := checkedConfig{IdentityConfig: c}
+	if cc.Mode == "" {
+		cc.Mode = ModeSelfSigned
+	}
+	if cc.KeyType == "" {
+		cc.KeyType = KeyECDSAP256
+	}
+	if cc.Now == nil {
+		cc.Now = time.Now
+	}
+	switch cc.Mode {
+	case ModeSelfSigned:
+		if cc.StateDir == "" {
+			return cc, errors.New("tls.mode self_signed needs a state directory")
+		}
+		if cc.KeyType != KeyECDSAP256 && cc.KeyType != KeyRSA3072 {
+			return cc, fmt.Errorf("tls.key_type %q: want %s or %s", cc.KeyType, KeyECDSAP256, KeyRSA3072)
+		}
+	case ModeFiles:
+		if cc.CertFile == "" || cc.KeyFile == "" {
+			return cc, errors.New("tls.mode files needs tls.cert_file and tls.key_file")
+		}
+	case ModeACME:
+		return cc, errors.New("tls.mode acme is not supported yet; use self_signed or files")
+	default:
+		return cc, fmt.Errorf("tls.mode %q: want %s or %s", cc.Mode, ModeSelfSigned, ModeFiles)
+	}
+	add := func(what, s string) error {
+		n, err := NormalizeHost(s)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if !slices.Contains(cc.names, n) {
+			cc.names = append(cc.names, n)
+		}
+		return nil
+	}
+	if cc.Authority.Host != "" {
+		if err := add("authority", cc.Authority.Host); err != nil {
+			return cc, err
+		}
+	} else if !cc.SkipNameCheck {
+		return cc, errors.New("no authority host to issue or check the identity for")
+	}
+	for _, e := range cc.ExtraNames {
+		if err := add("extra_names", e); err != nil {
+			return cc, err
+		}
+	}
+	return cc, nil
+}
+
+// Load loads the configured identity and never creates one. A missing
+// self-signed identity is ErrNoIdentity.
+func Load(c IdentityConfig) (*Identity, error) {
+	cc, err := c.check()
+	if err != nil {
+		return nil, err
+	}
+	var id *Identity
+	if cc.Mode == ModeFiles {
+		id, err = loadFiles(cc.CertFile, cc.KeyFile)
+	} else {
+		id, err = loadSelfSigned(cc.StateDir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return finish(id, cc)
+}
+
+// LoadOrCreate loads the identity, creating the self-signed one on first
+// use. An existing identity is never replaced here, even when it does not
+// cover the configured names: that is a rotation and needs the operator.
+func LoadOrCreate(c IdentityConfig) (*Identity, error) {
+	cc, err := c.check()
+	if err != nil {
+		return nil, err
+	}
+	if cc.Mode == ModeFiles {
+		return Load(c)
+	}
+	if len(cc.names) == 0 {
+		return nil, errors.New("no authority host to issue the identity for")
+	}
+	if err := atomicfile.MkdirPrivate(cc.StateDir); err != nil {
+		return nil, err
+	}
+	unlock, err := lockDir(cc.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	id, err := loadSelfSigned(cc.StateDir)
+	if errors.Is(err, ErrNoIdentity) {
+		var data []byte
+		data, err = newSelfSigned(cc.KeyType, cc.names, cc.Now())
+		if err != nil {
+			return nil, err
+		}
+		if err = atomicfile.WriteFile(IdentityPath(cc.StateDir), data, 0o600); err != nil {
+			return nil, fmt.Errorf("write identity: %w", err)
+		}
+		id, err = loadSelfSigned(cc.StateDir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return finish(id, cc)
+}
+
+// Rotate replaces the self-signed identity with a new key and certificate
+// for the configured names. The replaced identity (even an unreadable one,
+// which may be why the operator rotates) is kept as a backup; only the
+// newest KeepBackups backups are kept. Every paired client must re-pair.
+func Rotate(c IdentityConfig) (*Identity, error) {
+	cc, err := c.check()
+	if err != nil {
+		return nil, err
+	}
+	if cc.Mode != ModeSelfSigned {
+		return nil, fmt.Errorf("rotation only applies to tls.mode self_signed; in %s mode install a new certificate and key instead", cc.Mode)
+	}
+	if len(cc.names) == 0 {
+		return nil, errors.New("no authority host to issue the identity for")
+	}
+	if err := atomicfile.MkdirPrivate(cc.StateDir); err != nil {
+		return nil, err
+	}
+	unlock, err := lockDir(cc.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	data, err := newSelfSigned(cc.KeyType, cc.names, cc.Now())
+	if err != nil {
+		return nil, err
+	}
+	path := IdentityPath(cc.StateDir)
+	old, err := readFileBounded(path)
+	switch {
+	case err == nil:
+		if err := writeBackup(cc.StateDir, old, cc.Now()); err != nil {
+			return nil, fmt.Errorf("back up the current identity (nothing was changed): %w", err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("read the current identity (nothing was changed): %w", err)
+	}
+	if err := atomicfile.WriteFile(path, data, 0o600); err != nil {
+		return nil, fmt.Errorf("write identity: %w", err)
+	}
+	if err := pruneBackups(BackupDir(cc.StateDir), KeepBackups); err != nil {
+		return nil, fmt.Errorf("identity rotated, but pruning old backups failed: %w", err)
+	}
+	id, err := loadSelfSigned(cc.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return finish(id, cc)
+}
+
+// finish applies the checks common to every mode.
+func finish(id *Identity, cc checkedConfig) (*Identity, error) {
+	if !cc.SkipNameCheck {
+		for _, n := range cc.names {
+			if CoversHost(id.Leaf, n) {
+				continue
+			}
+			fix := "run `securelink pin --rotate` to issue an identity for the configured names (every paired client must then re-pair)"
+			if cc.Mode == ModeFiles {
+				fix = "install a certificate whose subjectAltName includes it, or change advertise/extra_names"
+			}
+			return nil, fmt.Errorf("%w: %s is not in the subjectAltName of %s (which has %s); %s",
+				ErrSANMismatch, n, id.Source, strings.Join(id.SANs(), ", "), fix)
+		}
+	}
+	now := cc.Now()
+	if now.After(id.Leaf.NotAfter) {
+		id.Warnings = append(id.Warnings, fmt.Sprintf("certificate %s expired at %s; pinned clients may still accept it, others will not",
+			id.Source, id.Leaf.NotAfter.UTC().Format(time.RFC3339)))
+	} else if now.Before(id.Leaf.NotBefore) {
+		id.Warnings = append(id.Warnings, fmt.Sprintf("certificate %s is not valid before %s; check the clock",
+			id.Source, id.Leaf.NotBefore.UTC().Format(time.RFC3339)))
+	}
+	if cc.Mode == ModeSelfSigned && id.KeyType != cc.KeyType {
+		id.Warnings = append(id.Warnings, fmt.Sprintf("tls.key_type is %s but the identity's key is %s; it changes only with `securelink pin --rotate`",
+			cc.KeyType, id.KeyType))
+	}
+	return id, nil
+}
+
+// lockDir serializes creation and rotation between the daemon and commands
+// run by the operator, so two of them cannot each create an identity and
+// end up serving different pins.
+func lockDir(dir string) (func(), error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+func loadSelfSigned(dir string) (*Identity, error) {
+	di, err := os.Stat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w in %s (it does not exist); `securelink pin` creates one", ErrNoIdentity, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !di.IsDir() {
+		return nil, fmt.Errorf("state directory %s is not a directory", dir)
+	}
+	if p := di.Mode().Perm(); p&0o077 != 0 {
+		return nil, fmt.Errorf("state directory %s has mode %04o; it holds the private key and must be 0700 (chmod 700 %s)", dir, p, dir)
+	}
+	path := IdentityPath(dir)
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s; `securelink pin` creates one", ErrNoIdentity, path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if p := fi.Mode().Perm(); p&0o077 != 0 {
+		return nil, fmt.Errorf("%s has mode %04o; a private key must be readable by its owner only (chmod 600 %s)", path, p, path)
+	}
+	data, err := readPEMFile(f, path)
+	if err != nil {
+		return nil, err
+	}
+	certDER, keyDER, err := parseIdentityPEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	leaf, err := x509.ParseCertificate(certDER)
+	if err != nil {
+		return nil, fmt.Errorf("%s: certificate: %w", path, err)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(keyDER)
+	if err != nil {
+		return nil, fmt.Errorf("%s: private key: %w", path, err)
+	}
+	if !keyMatches(key, leaf.PublicKey) {
+		return nil, fmt.Errorf("%s: the private key does not match the certificate; restore a backup from %s or run `securelink pin --rotate`",
+			path, BackupDir(dir))
+	}
+	return newIdentity(leaf, [][]byte{certDER}, key, path, fi.ModTime()), nil
+}
+
+func loadFiles(certFile, keyFile string) (*Identity, error) {
+	var warnings []string
+	kf, err := os.Open(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls.key_file: %w", err)
+	}
+	defer kf.Close()
+	ki, err := kf.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("tls.key_file: %w", err)
+	}
+	if !ki.Mode().IsRegular() {
+		return nil, fmt.Errorf("tls.key_file %s is not a regular file", keyFile)
+	}
+	if p := ki.Mode().Perm(); p&0o007 != 0 {
+		return nil, fmt.Errorf("tls.key_file %s has mode %04o: other users can access the private key; chmod o-rwx %s (0600, or 0640 with a dedicated group)",
+			keyFile, p, keyFile)
+	} else if p&0o070 != 0 {
+		warnings = append(warnings, fmt.Sprintf("tls.key_file %s has mode %04o: members of its group can read the private key; fine for a dedicated group such as ssl-cert, otherwise chmod 600 %s",
+			keyFile, p, keyFile))
+	}
+	keyPEM, err := readPEMFile(kf, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := os.Open(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls.cert_file: %w", err)
+	}
+	defer cf.Close()
+	ci, err := cf.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("tls.cert_file: %w", err)
+	}
+	certPEM, err := readPEMFile(cf, certFile)
+	if err != nil {
+		return nil, err
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("cannot use tls.cert_file %s with tls.key_file %s (the key must match the first certificate): %v", certFile, keyFile, err)
+	}
+	leaf := pair.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("tls.cert_file %s: %w", certFile, err)
+		}
+	}
+	id := newIdentity(leaf, pair.Certificate, pair.PrivateKey, certFile, ci.ModTime())
+	id.Warnings = warnings
+	return id, nil
+}
+
+func newIdentity(leaf *x509.Certificate, chain [][]byte, key crypto.PrivateKey, source string, changed time.Time) *Identity {
+	return &Identity{
+		Certificate: tls.Certificate{Certificate: chain, PrivateKey: key, Leaf: leaf},
+		Leaf:        leaf,
+		Pin:         SPKIPin(leaf),
+		CertDER:     leaf.Raw,
+		Source:      source,
+		ChangedAt:   changed,
+		KeyType:     keyTypeName(leaf.PublicKey),
+	}
+}
+
+func keyTypeName(pub crypto.PublicKey) string {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		return "ecdsa-" + strings.ToLower(strings.ReplaceAll(k.Curve.Params().Name, "-", ""))
+	case *rsa.PublicKey:
+		return fmt.Sprintf("rsa-%d", k.N.BitLen())
+	case ed25519.PublicKey:
+		return "ed25519"
+	}
+	return "unknown"
+}
+
+func keyMatches(key crypto.PrivateKey, pub crypto.PublicKey) bool {
+	s, ok := key.(crypto.Signer)
+	if !ok {
+		return false
+	}
+	p, ok := s.Public().(interface{ Equal(crypto.PublicKey) bool })
+	return ok && p.Equal(pub)
+}
+
+// parseIdentityPEM splits the identity file into its one certificate and one
+// PKCS#8 key. Anything else (a second key, headers, an unknown block, or
+// trailing data) is refused: the file is written only by this package, so
+// surprises mean tampering or a mix-up.
+func parseIdentityPEM(data []byte) (certDER, keyDER []byte, err error) {
+	rest := data
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if len(b.Headers) != 0 {
+			return nil, nil, fmt.Errorf("unexpected PEM headers in a %s block", b.Type)
+		}
+		switch b.Type {
+		case "CERTIFICATE":
+			if certDER != nil {
+				return nil, nil, errors.New("more than one certificate")
+			}
+			certDER = b.Bytes
+		case "PRIVATE KEY":
+			if keyDER != nil {
+				return nil, nil, errors.New("more than one private key")
+			}
+			keyDER = b.Bytes
+		default:
+			return nil, nil, fmt.Errorf("unexpected PEM block %q", b.Type)
+		}
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return nil, nil, errors.New("unexpected data after the PEM blocks")
+	}
+	if certDER == nil {
+		return nil, nil, errors.New("no certificate")
+	}
+	if keyDER == nil {
+		return nil, nil, errors.New("no private key")
+	}
+	return certDER, keyDER, nil
+}
+
+// newSelfSigned makes a key and a small self-signed leaf for names (the
+// authority host first) and returns them as one PEM file. The certificate is
+// kept small because its DER travels in the pairing QR: a short subject, no
+// basicConstraints, no key identifiers.
+func newSelfSigned(keyType string, names []string, now time.Time) ([]byte, error) {
+	var key crypto.Signer
+	var usage x509.KeyUsage
+	var err error
+	switch keyType {
+	case KeyECDSAP256:
+		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		usage = x509.KeyUsageDigitalSignature
+	case KeyRSA3072:
+		key, err = rsa.GenerateKey(rand.Reader, 3072)
+		// Key encipherment keeps TLS 1.2 RSA key exchange possible for old clients.
+		usage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+	default:
+		return nil, fmt.Errorf("key type %q: want %s or %s", keyType, KeyECDSAP256, KeyRSA3072)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("generate key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, err
+	}
+	serial.Add(serial, big.NewInt(1))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		NotBefore:    now.Add(-backdate).UTC().Truncate(time.Second),
+		NotAfter:     now.AddDate(selfSignedValidity, 0, 0).UTC().Truncate(time.Second),
+		KeyUsage:     usage,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if len(names[0]) <= maxCNLen {
+		tmpl.Subject = pkix.Name{CommonName: names[0]}
+	}
+	for _, n := range names {
+		if a, err := netip.ParseAddr(n); err == nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, net.IP(a.AsSlice()))
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("create certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: der})
+	_ = pem.Encode(&buf, &pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	return buf.Bytes(), nil
+}
+
+const backupTimeLayout = "20060102T150405.000000000Z"
+
+var backupName = regexp.MustCompile(`^identity-[0-9]{8}T[0-9]{6}\.[0-9]{9}Z\.pem$`)
+
+// writeBackup stores a replaced identity under a name that sorts by time.
+// When the clock has not moved past the newest backup (two rotations in one
+// tick, or a clock set back), the name moves just past that backup instead,
+// so pruning by name always removes the oldest.
+func writeBackup(stateDir string, data []byte, now time.Time) error {
+	dir := BackupDir(stateDir)
+	if err := atomicfile.MkdirPrivate(dir); err != nil {
+		return err
+	}
+	existing, err := Backups(stateDir)
+	if err != nil {
+		return err
+	}
+	t := now.UTC()
+	if n := len(existing); n > 0 {
+		base := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(existing[n-1]), "identity-"), ".pem")
+		if last, err := time.Parse(backupTimeLayout, base); err == nil && !t.After(last) {
+			t = last.Add(time.Nanosecond)
+		}
+	}
+	path := filepath.Join(dir, "identity-"+t.Format(backupTimeLayout)+".pem")
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("backup %s already exists", path)
+	}
+	return atomicfile.WriteFile(path, data, 0o600)
+}
+
+func pruneBackups(dir string, keep int) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && backupName.MatchString(e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	if len(names) <= keep {
+		return nil
+	}
+	for _, n := range names[:len(names)-keep] {
+		if err := os.Remove(filepath.Join(dir, n)); err != nil {
+			return err
+		}
+	}
+	return atomicfile.SyncDir(dir)
+}
+
+// Backups lists the kept identity backups, oldest first.
+func Backups(stateDir string) ([]string, error) {
+	entries, err := os.ReadDir(BackupDir(stateDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && backupName.MatchString(e.Name()) {
+			out = append(out, filepath.Join(BackupDir(stateDir), e.Name()))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func readFileBounded(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readPEMFile(f, path)
+}
+
+func readPEMFile(r io.Reader, name string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxPEMFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if len(b) > maxPEMFile {
+		return nil, fmt.Errorf("%s is larger than %d bytes; it is not a certificate or key file", name, maxPEMFile)
+	}
+	return b, nil
+}

@@ -23,6 +23,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -468,20 +469,10 @@ func CheckBrokerURL(raw string) error {
 	return nil
 }
 
-// CanonicalID reports whether s is unpadded base64url of exactly 16 bytes in
-// its canonical encoding (the Reach host_id form).
+// CanonicalID reports whether s is a canonical Reach identifier (the host_id form).
 func CanonicalID(s string) bool {
-	if len(s) != 22 {
-		return false
-	}
-	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
-	for i := 0; i < len(s); i++ {
-		if strings.IndexByte(alphabet, s[i]) < 0 {
-			return false
-		}
-	}
-	// 16 bytes = 128 bits; 22 chars carry 132 bits, so the last char's low 4 bits must be zero.
-	return strings.IndexByte(alphabet, s[21])&0x0f == 0
+	_, err := wire.ParseID(s)
+	return err == nil
 }
 
 // CheckLoopbackListen requires host:port on a loopback IP (metrics, admin).

@@ -1,0 +1,267 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/hermes-securelink/securelink/proxy/policy"
+)
+
+// forwarder proxies one namespace to its fixed upstream with
+// httputil.ReverseProxy: its Rewrite hook gives us the outgoing request after
+// hop-by-hop removal, it streams both ways, flushes SSE per write and handles
+// the WebSocket upgrade as a byte-level copy that closes both legs together.
+type forwarder struct {
+	s         *Server
+	ns        policy.Namespace
+	upstream  *url.URL
+	authority string
+	limits    Limits
+	transport *http.Transport
+	rp        *httputil.ReverseProxy
+}
+
+// exchange is the per-request state the ReverseProxy hooks share.
+type exchange struct {
+	rawTail  string
+	rawQuery string
+	clientIP string
+	upgrade  bool
+	cancel   context.CancelFunc
+	total    *time.Timer
+	body     *limitedBody
+}
+
+type exchangeKey struct{}
+
+var errResponseTooLarge = errors.New("upstream response larger than the limit")
+
+var bufferPool = &byteBufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+
+type byteBufferPool struct{ p sync.Pool }
+
+func (b *byteBufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
+func (b *byteBufferPool) Put(p []byte) { b.p.Put(&p) }
+
+func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority string, l Limits) *forwarder {
+	dialer := &net.Dialer{Timeout: l.UpstreamConnect, KeepAlive: l.TCPKeepAlive}
+	f := &forwarder{s: s, ns: ns, upstream: upstream, authority: authority, limits: l}
+	f.transport = &http.Transport{
+		Proxy:                  nil, // never an environment proxy: upstreams are loopback
+		DialContext:            dialer.DialContext,
+		MaxIdleConns:           l.MaxUpstreamIdleConns,
+		MaxIdleConnsPerHost:    l.MaxUpstreamIdleConns,
+		IdleConnTimeout:        90 * time.Second,
+		ResponseHeaderTimeout:  l.UpstreamIdleRead,
+		ExpectContinueTimeout:  time.Second,
+		DisableCompression:     true, // Content-Encoding passes untouched
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	f.rp = &httputil.ReverseProxy{
+		Rewrite:        f.rewrite,
+		Transport:      f.transport,
+		ModifyResponse: f.modifyResponse,
+		ErrorHandler:   f.errorHandler,
+		BufferPool:     bufferPool,
+		ErrorLog:       nil,
+	}
+	return f
+}
+
+func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQuery string) {
+	l := f.limits
+	if r.ContentLength > l.MaxRequestBody {
+		plainError(w, http.StatusRequestEntityTooLarge)
+		return
+	}
+	ex := &exchange{rawTail: rawTail, rawQuery: rawQuery, clientIP: clientIP(r)}
+	ex.upgrade = policy.IsWebSocketUpgrade(r.Header)
+	if !ex.upgrade && r.Header.Get("Upgrade") != "" {
+		// Only WebSocket upgrades pass; anything else (h2c, TLS upgrade) is
+		// an ordinary request.
+		r.Header.Del("Upgrade")
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	ex.cancel = cancel
+	if !ex.upgrade {
+		ex.total = time.AfterFunc(l.UpstreamTotal, cancel)
+		defer ex.total.Stop()
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		ex.body = &limitedBody{rc: r.Body, remaining: l.MaxRequestBody, ctl: http.NewResponseController(w), timeout: l.BodyReadTimeout}
+		r.Body = ex.body
+	}
+	if ex.upgrade {
+		w = &upgradeWriter{ResponseWriter: w, s: f.s}
+	}
+	ctx = context.WithValue(ctx, exchangeKey{}, ex)
+	f.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
+	ex := pr.In.Context().Value(exchangeKey{}).(*exchange)
+	out := pr.Out
+	out.URL.Scheme = f.upstream.Scheme
+	out.URL.Host = f.upstream.Host
+	// Opaque carries the raw tail byte for byte: the client's encoding is
+	// forwarded as sent, never re-encoded. The path check has already
+	// refused every form that could change meaning upstream.
+	out.URL.Opaque = f.upstream.EscapedPath() + ex.rawTail
+	out.URL.RawPath = ""
+	out.URL.RawQuery = ex.rawQuery
+	out.URL.ForceQuery = false
+	out.Host = f.upstream.Host
+	// For WebSocket upgrades RequestHeaders re-creates Connection/Upgrade
+	// after stripping every hop-by-hop header the client sent.
+	policy.RequestHeaders(f.ns, out.Header, f.authority, ex.clientIP, ex.upgrade)
+}
+
+func (f *forwarder) modifyResponse(resp *http.Response) error {
+	ex := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil // the body is the upgraded connection; no totals apply
+	}
+	if resp.ContentLength > f.limits.MaxResponseBody {
+		return errResponseTooLarge
+	}
+	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct == "text/event-stream" && ex.total != nil {
+		ex.total.Stop() // SSE: only the idle read applies
+	}
+	resp.Body = newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
+	return nil
+}
+
+func (f *forwarder) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	ex, _ := r.Context().Value(exchangeKey{}).(*exchange)
+	if ex != nil && ex.body != nil && ex.body.exceeded {
+		plainError(w, http.StatusRequestEntityTooLarge)
+		return
+	}
+	if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
+		// The client went away (or a total/idle limit fired); say so only in logs.
+		f.s.log.Debug().Str("ns", f.ns.String()).Msg("request ended before the upstream answered")
+	}
+	f.s.log.Warn().Str("ns", f.ns.String()).Str("event", "upstream_error").Str("error", errorKind(err)).Msg("upstream failed")
+	plainError(w, http.StatusBadGateway)
+}
+
+// errorKind names an upstream failure without echoing URLs or paths.
+func errorKind(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, errResponseTooLarge):
+		return "response_too_large"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled_or_timeout"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	default:
+		var op *net.OpError
+		if errors.As(err, &op) {
+			return op.Op + "_failed"
+		}
+		return "failed"
+	}
+}
+
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// limitedBody enforces the request-body size and per-read progress limits.
+// Exactly MaxRequestBody bytes pass; one more aborts the request with 413.
+type limitedBody struct {
+	rc        io.ReadCloser
+	remaining int64
+	ctl       *http.ResponseController
+	timeout   time.Duration
+	exceeded  bool
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.exceeded {
+		return 0, errBodyTooLarge
+	}
+	// Allow one byte past the limit to tell "exactly the limit" from "over".
+	if int64(len(p)) > b.remaining+1 {
+		p = p[:b.remaining+1]
+	}
+	_ = b.ctl.SetReadDeadline(time.Now().Add(b.timeout))
+	n, err := b.rc.Read(p)
+	if int64(n) > b.remaining {
+		b.exceeded = true
+		return 0, errBodyTooLarge
+	}
+	b.remaining -= int64(n)
+	return n, err
+}
+
+func (b *limitedBody) Close() error { return b.rc.Close() }
+
+var errBodyTooLarge = errors.New("request body larger than the limit")
+
+// idleBody cancels the upstream exchange when no byte arrives for idle, and
+// fails the copy when the response passes max bytes (the client then sees a
+// cut connection or a reset stream, never a silently truncated success).
+type idleBody struct {
+	rc        io.ReadCloser
+	idle      time.Duration
+	timer     *time.Timer
+	remaining int64
+}
+
+func newIdleBody(rc io.ReadCloser, idle time.Duration, max int64, cancel context.CancelFunc) *idleBody {
+	t := time.AfterFunc(idle, cancel)
+	t.Stop()
+	return &idleBody{rc: rc, idle: idle, timer: t, remaining: max}
+}
+
+// Read arms the idle timer only while waiting on the upstream: time spent
+// writing to a slow client is not upstream idleness.
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.timer.Reset(b.idle)
+	n, err := b.rc.Read(p)
+	b.timer.Stop()
+	b.remaining -= int64(n)
+	if b.remaining < 0 {
+		return 0, errResponseTooLarge
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error {
+	b.timer.Stop()
+	return b.rc.Close()
+}
+
+// upgradeWriter lets the server track connections ReverseProxy hijacks for
+// WebSocket pass-through, so Shutdown can close them.
+type upgradeWriter struct {
+	http.ResponseWriter
+	s *Server
+}
+
+func (w *upgradeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *upgradeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	return w.s.trackUpgrade(c), brw, nil
+}

@@ -1,0 +1,358 @@
+// Package proxy is the front: one pinned-TLS HTTPS origin serving exactly
+// three fixed namespaces (/relay, /api/, /dashboard/) of one Hermes host.
+//
+// The request path is deliberately narrow: method and request-target checks,
+// the Host check, then a fixed split of the raw path into a namespace. No
+// client input ever selects an upstream, and each namespace keeps its own
+// credential (see proxy/policy for the header table).
+//
+// Every listener is served by the same http.Server, so a connection that
+// arrives through a Reach broker stream takes exactly the policy path of one
+// that arrived over TCP; ConnContext marks the former for the /relay bridge.
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/proxy/policy"
+	"github.com/hermes-securelink/securelink/proxy/probe"
+	"github.com/hermes-securelink/securelink/relay"
+)
+
+// BrokerConn is implemented by connections that arrived through a Reach
+// broker stream. The connection context of such a connection is marked so
+// the /relay bridge can apply the route-credential handoff and the shared
+// "reach" auth-failure source.
+type BrokerConn interface {
+	net.Conn
+	FromBroker() bool
+}
+
+// Server is the front. Create it with New, serve listeners with Serve, apply
+// configuration and identity changes with Reload, stop it with Shutdown.
+type Server struct {
+	log      zerolog.Logger
+	identity atomic.Pointer[pinning.Identity]
+	state    atomic.Pointer[state]
+	prober   *probe.Prober
+	bridge   *relay.Bridge
+	health   http.Handler
+	http     *http.Server
+	tls      *tls.Config
+
+	// sniRejected counts handshakes refused for an unknown server name.
+	sniRejected atomic.Uint64
+
+	mu       sync.Mutex
+	upgraded map[net.Conn]struct{} // byte-level upgrades, closed on Shutdown
+	closing  bool
+}
+
+// state is everything Reload replaces at once; requests read one snapshot.
+type state struct {
+	opts      Options
+	host      *policy.HostPolicy
+	authority string // host:port as clients see it
+	api       *forwarder
+	dashboard *forwarder
+}
+
+// New builds a front serving id. It does not listen.
+func New(opts Options, id *pinning.Identity) (*Server, error) {
+	if id == nil {
+		return nil, errors.New("proxy: an identity is required")
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{log: opts.Log, upgraded: map[net.Conn]struct{}{}}
+	s.prober = probe.New(probe.Options{
+		Interval: opts.Limits.ProbeInterval,
+		Timeout:  opts.Limits.ProbeTimeout,
+		Log:      opts.Log,
+	})
+	bridge, err := relay.NewBridge(relay.Options{
+		Upstream:    opts.Upstreams.Relay,
+		ProxySecret: opts.ProxySecret,
+		Log:         opts.Log,
+	}.WithDefaults())
+	if err != nil {
+		return nil, err
+	}
+	s.bridge = bridge
+	s.health = relay.NewHealthHandler(s.Availability)
+	if err := s.Reload(opts, id); err != nil {
+		return nil, err
+	}
+	s.tls = &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		NextProtos:     []string{"h2", "http/1.1"},
+		GetCertificate: s.getCertificate,
+	}
+	l := opts.Limits
+	s.http = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		IdleTimeout:       l.IdleTimeout,
+		MaxHeaderBytes:    l.MaxHeaderBytes,
+		ErrorLog:          log.New(serverErrorLog{opts.Log}, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if tc, ok := c.(*tls.Conn); ok {
+				c = tc.NetConn()
+			}
+			if bc, ok := c.(BrokerConn); ok && bc.FromBroker() {
+				return relay.WithBrokerStream(ctx)
+			}
+			return ctx
+		},
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          250,
+			MaxReceiveBufferPerStream:     1 << 20,
+			MaxReceiveBufferPerConnection: 4 << 20,
+		},
+	}
+	return s, nil
+}
+
+// Reload applies new options and identity to new requests and handshakes.
+// Established connections keep running; nothing is half-applied: on error
+// the previous state stays in force.
+func (s *Server) Reload(opts Options, id *pinning.Identity) error {
+	if id == nil {
+		return errors.New("proxy: an identity is required")
+	}
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	hp, err := policy.NewHostPolicy(opts.AuthorityHost, opts.AuthorityPort, opts.ExtraNames)
+	if err != nil {
+		return fmt.Errorf("proxy: authority: %w", err)
+	}
+	st := &state{
+		opts:      opts,
+		host:      hp,
+		authority: pinning.Authority{Host: opts.AuthorityHost, Port: opts.AuthorityPort}.String(),
+	}
+	st.api = newForwarder(s, policy.NSAPI, opts.Upstreams.API, st.authority, opts.Limits)
+	st.dashboard = newForwarder(s, policy.NSDashboard, opts.Upstreams.Dashboard, st.authority, opts.Limits)
+	old := s.state.Swap(st)
+	s.identity.Store(id)
+	s.prober.SetTargets(opts.Upstreams.Relay, opts.Upstreams.API, opts.Upstreams.Dashboard)
+	if s.bridge != nil {
+		s.bridge.Update(opts.Upstreams.Relay, opts.ProxySecret)
+	}
+	if old != nil {
+		// In-flight requests hold their own reference; only idle pooled
+		// connections of the old transports are released.
+		old.api.transport.CloseIdleConnections()
+		old.dashboard.transport.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Identity returns the identity new handshakes present.
+func (s *Server) Identity() *pinning.Identity { return s.identity.Load() }
+
+// TLSConfig is the server TLS configuration; the certificate is looked up per
+// handshake so Reload takes effect without restarting listeners.
+func (s *Server) TLSConfig() *tls.Config { return s.tls }
+
+// SNIRejected reports how many handshakes named an unknown server.
+func (s *Server) SNIRejected() uint64 { return s.sniRejected.Load() }
+
+// Bridge exposes the /relay/ws bridge (for status and Reach wiring).
+func (s *Server) Bridge() *relay.Bridge { return s.bridge }
+
+// getCertificate implements the SNI policy: no SNI (IP authorities) or a
+// configured name gets the identity; any other name gets no certificate,
+// which crypto/tls answers with the unrecognized_name alert.
+func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if hello.ServerName != "" && !s.state.Load().host.Allowed(hello.ServerName) {
+		s.sniRejected.Add(1)
+		return nil, nil
+	}
+	return &s.identity.Load().Certificate, nil
+}
+
+// Serve accepts TLS connections on ln until Shutdown. ln is a plain
+// (TCP or in-memory) listener; TLS is added here with the front's policy.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.http.Serve(tls.NewListener(ln, s.tls))
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting, lets in-flight requests finish until ctx ends,
+// closes bridged WebSockets with 1001 and byte-level upgrades, and returns.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	var errs []error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.bridge.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}()
+	if err := s.http.Shutdown(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	<-done
+	s.mu.Lock()
+	for c := range s.upgraded {
+		c.Close()
+	}
+	s.mu.Unlock()
+	st := s.state.Load()
+	st.api.transport.CloseIdleConnections()
+	st.dashboard.transport.CloseIdleConnections()
+	return errors.Join(errs...)
+}
+
+// Close stops everything at once.
+func (s *Server) Close() error {
+	err := s.http.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s.bridge.Shutdown(ctx)
+	s.mu.Lock()
+	for c := range s.upgraded {
+		c.Close()
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// Availability reports the three coalesced probes (run in parallel, so a
+// cold cache costs one probe timeout, not three).
+func (s *Server) Availability(ctx context.Context) relay.Availability {
+	var a relay.Availability
+	a.Relay, a.API, a.Dashboard = s.prober.All(ctx)
+	return a
+}
+
+// ServeHTTP is the whole routing table of the front.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	st := s.state.Load()
+	if r.Method == http.MethodConnect || r.Method == http.MethodTrace {
+		plainError(w, http.StatusMethodNotAllowed)
+		return
+	}
+	// Origin-form only: an absolute-form target ("GET http://x/ HTTP/1.1")
+	// would let a client name a host other than the authority.
+	if !strings.HasPrefix(r.RequestURI, "/") {
+		plainError(w, http.StatusBadRequest)
+		return
+	}
+	if !st.host.Allowed(r.Host) {
+		plainError(w, http.StatusMisdirectedRequest)
+		return
+	}
+	rawPath, rawQuery, _ := strings.Cut(r.RequestURI, "?")
+	ns, tail, ok := policy.Split(rawPath)
+	if !ok {
+		plainError(w, http.StatusNotFound)
+		return
+	}
+	switch ns {
+	case policy.NSRelay:
+		switch rawPath {
+		case "/relay/health":
+			s.health.ServeHTTP(w, r)
+		case "/relay/ws":
+			s.bridge.ServeHTTP(w, r)
+		default:
+			plainError(w, http.StatusNotFound)
+		}
+		return
+	case policy.NSAPI, policy.NSDashboard:
+		if err := policy.CheckRawPath(rawPath); err != nil {
+			plainError(w, http.StatusBadRequest)
+			return
+		}
+		if ns == policy.NSDashboard {
+			if !s.prober.Dashboard(r.Context()) {
+				// Fail closed: without the Dashboard's own login gate its
+				// HTML may embed a local operator token.
+				plainError(w, http.StatusServiceUnavailable)
+				return
+			}
+			st.dashboard.serve(w, r, tail, rawQuery)
+			return
+		}
+		st.api.serve(w, r, tail, rawQuery)
+		return
+	}
+	plainError(w, http.StatusNotFound)
+}
+
+// plainError writes a short generic body; upstream details never reach clients.
+func plainError(w http.ResponseWriter, code int) {
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	fmt.Fprintln(w, http.StatusText(code))
+}
+
+// trackUpgrade registers a hijacked connection so Shutdown can close it.
+func (s *Server) trackUpgrade(c net.Conn) net.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		c.Close()
+		return c
+	}
+	tc := &trackedConn{Conn: c, s: s}
+	s.upgraded[tc] = struct{}{}
+	return tc
+}
+
+// ActiveUpgrades reports open byte-level WebSocket pass-throughs.
+func (s *Server) ActiveUpgrades() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.upgraded)
+}
+
+type trackedConn struct {
+	net.Conn
+	s    *Server
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.s.mu.Lock()
+		delete(c.s.upgraded, c)
+		c.s.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// serverErrorLog routes net/http's internal messages (TLS handshake errors
+// and the like) to zerolog at debug level: they are client noise, and they
+// never carry request secrets.
+type serverErrorLog struct{ log zerolog.Logger }
+
+func (l serverErrorLog) Write(p []byte) (int, error) {
+	l.log.Debug().Str("event", "http_server").Msg(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

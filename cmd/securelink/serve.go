@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/proxy"
+)
+
+// shutdownGrace bounds how long in-flight requests may run after SIGTERM.
+const shutdownGrace = 10 * time.Second
+
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "run the pinned-TLS front on :9443 (zero configuration works)",
+		Flags: []cli.Flag{configFlag},
+		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
+			return runServe(c.Context, c.String("config"))
+		},
+	}
+}
+
+// daemon is the running front with what it needs to reload itself.
+type daemon struct {
+	flagConfig string
+	log        zerolog.Logger
+	front      *proxy.Server
+	admin      *admin.Server
+	started    time.Time
+	listenAddr string
+	boundPort  int
+
+	mu        sync.Mutex
+	env       *env
+	authority pinning.Authority
+}
+
+func runServe(ctx context.Context, flagConfig string) error {
+	e, err := loadEnv(flagConfig, true)
+	if err != nil {
+		return err
+	}
+	if err := e.cfg.Unsupported(); err != nil {
+		return err
+	}
+	log := newLogger(e.cfg)
+	d := &daemon{flagConfig: flagConfig, log: log, started: time.Now().UTC(), listenAddr: e.cfg.Listen}
+
+	lc := net.ListenConfig{KeepAlive: proxy.DefaultLimits().TCPKeepAlive}
+	ln, err := lc.Listen(ctx, "tcp", e.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", e.cfg.Listen, err)
+	}
+	defer ln.Close()
+	d.boundPort = ln.Addr().(*net.TCPAddr).Port
+
+	opts, id, auth, err := d.build(e)
+	if err != nil {
+		return err
+	}
+	d.env, d.authority = e, auth
+	front, err := proxy.New(opts, id)
+	if err != nil {
+		return err
+	}
+	d.front = front
+
+	adm, err := admin.Listen(e.cfg.AdminSocket(e.stateDir), log)
+	if err != nil {
+		return err
+	}
+	d.admin = adm
+	d.registerAdmin()
+	go func() {
+		if err := adm.Serve(); err != nil {
+			log.Error().Err(err).Msg("admin socket stopped")
+		}
+	}()
+	defer adm.Close()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- front.Serve(ln) }()
+	log.Info().Str("event", "listening").Str("listen", ln.Addr().String()).
+		Str("authority", auth.String()).Str("pin_sha256", id.Pin).
+		Str("admin_socket", adm.Path()).Msg("Secure Link front is up")
+	// The only line scripts and tests need to find the port and pin without
+	// parsing logs: printed on stdout once the listener is up.
+	fmt.Printf("listening %s authority %s pin %s\n", ln.Addr(), auth, id.Pin)
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+			d.reload()
+		case err := <-serveErr:
+			return err
+		case <-ctx.Done():
+			log.Info().Str("event", "stopping").Msg("draining in-flight requests")
+			sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+			err := front.Shutdown(sctx)
+			cancel()
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				log.Warn().Err(err).Msg("shutdown")
+			}
+			log.Info().Str("event", "stopped").Msg("stopped")
+			return nil
+		}
+	}
+}
+
+// build turns a configuration into front options and the identity to serve.
+// It creates the identity only on first start; afterwards it only loads.
+func (d *daemon) build(e *env) (proxy.Options, *pinning.Identity, pinning.Authority, error) {
+	ra, err := e.authority(d.boundPort)
+	if err != nil {
+		return proxy.Options{}, nil, pinning.Authority{}, err
+	}
+	for _, w := range ra.Warnings {
+		d.log.Warn().Str("event", "authority").Msg(w)
+	}
+	id, err := pinning.LoadOrCreate(e.identityConfig(ra.Authority))
+	if err != nil {
+		return proxy.Options{}, nil, pinning.Authority{}, err
+	}
+	for _, w := range id.Warnings {
+		d.log.Warn().Str("event", "identity").Msg(w)
+	}
+	opts, err := frontOptions(e.cfg, ra.Authority, d.log)
+	if err != nil {
+		return proxy.Options{}, nil, pinning.Authority{}, err
+	}
+	return opts, id, ra.Authority, nil
+}
+
+func frontOptions(cfg *config.Config, a pinning.Authority, log zerolog.Logger) (proxy.Options, error) {
+	relayURL, err := config.ParseUpstream(cfg.Upstreams.Relay, cfg.Upstreams.AllowRemote)
+	if err != nil {
+		return proxy.Options{}, err
+	}
+	apiURL, err := config.ParseUpstream(cfg.Upstreams.API, cfg.Upstreams.AllowRemote)
+	if err != nil {
+		return proxy.Options{}, err
+	}
+	dashURL, err := config.ParseUpstream(cfg.Upstreams.Dashboard, cfg.Upstreams.AllowRemote)
+	if err != nil {
+		return proxy.Options{}, err
+	}
+	if cfg.Upstreams.AllowRemote {
+		log.Warn().Str("event", "allow_remote").Msg("upstreams.allow_remote is on: upstreams may be private-network addresses")
+	}
+	var secret string
+	if cfg.Relay.ProxySecretFile != "" {
+		if secret, err = readSecretFile(cfg.Relay.ProxySecretFile); err != nil {
+			return proxy.Options{}, fmt.Errorf("relay.proxy_secret_file: %w", err)
+		}
+	}
+	return proxy.Options{
+		AuthorityHost: a.Host,
+		AuthorityPort: a.Port,
+		ExtraNames:    cfg.ExtraNames,
+		Upstreams:     proxy.Upstreams{Relay: relayURL, API: apiURL, Dashboard: dashURL},
+		ProxySecret:   secret,
+		Limits:        proxy.DefaultLimits(),
+		Log:           log,
+	}, nil
+}
+
+// reload re-reads the configuration and identity. Established connections
+// are untouched; a change that cannot be applied live is reported and the
+// rest of the old state stays in force (nothing is half-applied).
+func (d *daemon) reload() {
+	d.log.Info().Str("event", "reload").Msg("reloading configuration and identity")
+	e, err := loadEnv(d.flagConfig, false)
+	if err == nil {
+		err = e.cfg.Unsupported()
+	}
+	if err != nil {
+		d.log.Error().Str("event", "reload_failed").Err(err).Msg("configuration not reloaded; the previous one stays in force")
+		return
+	}
+	if e.cfg.Listen != d.listenAddr {
+		d.log.Warn().Str("event", "reload_partial").Str("listen", e.cfg.Listen).
+			Msg("a new listen address needs a restart; keeping " + d.listenAddr)
+	}
+	if e.stateDir != d.env.stateDir {
+		d.log.Error().Str("event", "reload_failed").Msg("the state directory changed; restart the daemon to use it")
+		return
+	}
+	opts, id, auth, err := d.build(e)
+	if err == nil {
+		err = d.front.Reload(opts, id)
+	}
+	if err != nil {
+		d.log.Error().Str("event", "reload_failed").Err(err).Msg("configuration not reloaded; the previous one stays in force")
+		return
+	}
+	d.mu.Lock()
+	d.env, d.authority = e, auth
+	d.mu.Unlock()
+	d.log.Info().Str("event", "reloaded").Str("authority", auth.String()).Str("pin_sha256", id.Pin).Msg("reloaded")
+}
+
+func (d *daemon) registerAdmin() {
+	d.admin.HandleJSON("GET /status", func(r *http.Request) (any, int, error) {
+		return d.status(r.Context()), 0, nil
+	})
+	d.admin.HandleJSON("GET /identity", func(r *http.Request) (any, int, error) {
+		d.mu.Lock()
+		a := d.authority
+		d.mu.Unlock()
+		id := d.front.Identity()
+		return identityJSON{
+			Authority: a.String(),
+			URL:       a.URL(),
+			PinSHA256: id.Pin,
+			CertDER:   id.CertDERBase64(),
+			Candidate: pinning.PluginProxyCandidate(a, id),
+		}, 0, nil
+	})
+}
+
+type identityJSON struct {
+	Authority string            `json:"authority"`
+	URL       string            `json:"url"`
+	PinSHA256 string            `json:"pin_sha256"`
+	CertDER   string            `json:"cert_der"`
+	Candidate pinning.Candidate `json:"candidate"`
+}
+
+type availabilityJSON struct {
+	Available bool `json:"available"`
+}
+
+type reachStatusJSON struct {
+	Enabled          bool    `json:"enabled"`
+	State            string  `json:"state"`
+	BrokerURL        string  `json:"broker_url"`
+	HostID           string  `json:"host_id"`
+	ActiveStreams    int     `json:"active_streams"`
+	CompletedStreams int     `json:"completed_streams"`
+	Attempts         int     `json:"attempts"`
+	LastError        string  `json:"last_error"`
+	ConnectedSince   *string `json:"connected_since"`
+}
+
+type statusJSON struct {
+	Version           string                      `json:"version"`
+	StartedAt         string                      `json:"started_at"`
+	ConfigFile        string                      `json:"config_file"`
+	StateDir          string                      `json:"state_dir"`
+	Authority         string                      `json:"authority"`
+	PinSHA256         string                      `json:"pin_sha256"`
+	IdentityChangedAt string                      `json:"identity_changed_at"`
+	Upstreams         map[string]availabilityJSON `json:"upstreams"`
+	Reach             reachStatusJSON             `json:"reach"`
+	ActiveWebSockets  int                         `json:"active_websockets"`
+	SNIRejected       uint64                      `json:"sni_rejected"`
+}
+
+func (d *daemon) status(ctx context.Context) statusJSON {
+	d.mu.Lock()
+	e, a := d.env, d.authority
+	d.mu.Unlock()
+	id := d.front.Identity()
+	avail := d.front.Availability(ctx)
+	return statusJSON{
+		Version:           version,
+		StartedAt:         d.started.Format(time.RFC3339),
+		ConfigFile:        e.cfg.File,
+		StateDir:          e.stateDir,
+		Authority:         a.String(),
+		PinSHA256:         id.Pin,
+		IdentityChangedAt: id.ChangedAt.UTC().Format(time.RFC3339),
+		Upstreams: map[string]availabilityJSON{
+			"relay":     {avail.Relay},
+			"api":       {avail.API},
+			"dashboard": {avail.Dashboard},
+		},
+		Reach: reachStatusJSON{
+			Enabled:   e.cfg.Reach.Enabled,
+			State:     "stopped",
+			BrokerURL: e.cfg.Reach.BrokerURL,
+			HostID:    e.cfg.Reach.HostID,
+		},
+		ActiveWebSockets: d.front.Bridge().Active() + d.front.ActiveUpgrades(),
+		SNIRejected:      d.front.SNIRejected(),
+	}
+}

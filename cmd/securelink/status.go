@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/hermes-securelink/securelink/admin"
+)
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "ask the running daemon (admin socket) what it serves",
+		Flags: []cli.Flag{configFlag, &cli.BoolFlag{Name: "json", Usage: "print the daemon's JSON"}},
+		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
+			e, err := loadEnv(c.String("config"), false)
+			if err != nil {
+				return err
+			}
+			var st statusJSON
+			var raw json.RawMessage
+			cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
+			if _, err := cl.Do(c.Context, "GET", "/status", nil, &raw); err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				os.Stdout.Write(append(raw, '\n'))
+				return nil
+			}
+			if err := json.Unmarshal(raw, &st); err != nil {
+				return err
+			}
+			up := func(ok bool) string {
+				if ok {
+					return "available"
+				}
+				return "unavailable"
+			}
+			fmt.Printf("version      %s (started %s)\nauthority    %s\npin_sha256   %s\nidentity     changed %s (%s ago)\nrelay        %s\napi          %s\ndashboard    %s\nreach        enabled=%v state=%s\nwebsockets   %d open\n",
+				st.Version, st.StartedAt, st.Authority, st.PinSHA256, st.IdentityChangedAt, ago(st.IdentityChangedAt),
+				up(st.Upstreams["relay"].Available), up(st.Upstreams["api"].Available), up(st.Upstreams["dashboard"].Available),
+				st.Reach.Enabled, st.Reach.State, st.ActiveWebSockets)
+			return nil
+		},
+	}
+}
+
+func ago(ts string) string {
+	t, err := time.Parse(time.RFC3339, ts)
+	if err != nil {
+		return "?"
+	}
+	return time.Since(t).Round(time.Second).String()
+}

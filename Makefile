@@ -5,7 +5,12 @@ BIN ?= bin/securelink
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 
-.PHONY: all build run test vet fmt-check race bench clean
+PREFIX ?= /usr/local
+DESTDIR ?=
+UNITDIR ?= /etc/systemd/system
+CONFDIR ?= /etc/securelink
+
+.PHONY: all build run test vet fmt-check units install install-check bench clean
 
 all: build
 
@@ -23,9 +28,37 @@ vet:
 	$(GO) vet ./...
 
 # The whole suite, race detector on; fuzz targets run their seed corpora.
-test: fmt-check vet build
+test: fmt-check vet build units install-check
 	./scripts/ensure-test-deps.sh
 	$(GO) test -race -count=1 -timeout 12m ./...
+
+# systemd-analyze verify clean and exposure <= 2.0 for every shipped unit.
+units: build
+	./scripts/check-units.sh
+
+# Installs the binary, the units (ExecStart pointing at $(PREFIX)/bin) and the
+# example configuration (as $(CONFDIR)/config.yaml only when absent), and
+# creates the service users when installing for real (no DESTDIR, as root).
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/securelink
+	install -d -m 0755 $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(PREFIX)/share/doc/securelink
+	for u in systemd/*.service; do \
+		sed 's|/usr/local/bin/securelink|$(PREFIX)/bin/securelink|; s|/usr/local/share/doc|$(PREFIX)/share/doc|' $$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u); \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); \
+	done
+	install -m 0644 config.example.yaml README.md $(DESTDIR)$(PREFIX)/share/doc/securelink/
+	[ -e $(DESTDIR)$(CONFDIR)/config.yaml ] || install -m 0644 config.example.yaml $(DESTDIR)$(CONFDIR)/config.yaml
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then \
+		for u in securelink securelink-broker; do \
+			getent passwd $$u >/dev/null || useradd --system --user-group --no-create-home \
+				--home-dir /var/lib/$$u --shell /usr/sbin/nologin $$u; \
+		done; \
+		command -v systemctl >/dev/null && systemctl daemon-reload || true; \
+	fi
+
+# `make install` into a scratch DESTDIR, checked file by file.
+install-check:
+	./scripts/check-install.sh
 
 bench: build
 	./bench/run.sh

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/internal/sdnotify"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy"
 )
@@ -98,6 +99,12 @@ func runServe(ctx context.Context, flagConfig string) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- front.Serve(ln) }()
+	notify := sdnotify.New(log)
+	notify.Ready()
+	notify.Status("serving %s, pin %s", auth, id.Pin)
+	wdCtx, wdStop := context.WithCancel(ctx)
+	defer wdStop()
+	go notify.Watchdog(wdCtx, d.selfCheck(ln.Addr().(*net.TCPAddr)))
 	log.Info().Str("event", "listening").Str("listen", ln.Addr().String()).
 		Str("authority", auth.String()).Str("pin_sha256", id.Pin).
 		Str("admin_socket", adm.Path()).Msg("Secure Link front is up")
@@ -111,10 +118,14 @@ func runServe(ctx context.Context, flagConfig string) error {
 	for {
 		select {
 		case <-hup:
+			notify.Reloading()
 			d.reload()
+			notify.Ready()
 		case err := <-serveErr:
 			return err
 		case <-ctx.Done():
+			notify.Stopping()
+			wdStop()
 			log.Info().Str("event", "stopping").Msg("draining in-flight requests")
 			sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 			err := front.Shutdown(sctx)
@@ -125,6 +136,28 @@ func runServe(ctx context.Context, flagConfig string) error {
 			log.Info().Str("event", "stopped").Msg("stopped")
 			return nil
 		}
+	}
+}
+
+// selfCheck completes a pinned TLS handshake with the front's own listener:
+// the watchdog is fed only while the daemon really answers.
+func (d *daemon) selfCheck(addr *net.TCPAddr) func(context.Context) error {
+	target := *addr
+	if target.IP == nil || target.IP.IsUnspecified() {
+		target.IP = net.IPv4(127, 0, 0, 1)
+		if addr.IP != nil && addr.IP.To4() == nil && !addr.IP.Equal(net.IPv6unspecified) {
+			target.IP = net.IPv6loopback
+		}
+	}
+	return func(ctx context.Context) error {
+		d.mu.Lock()
+		host := d.authority.Host
+		d.mu.Unlock()
+		c, err := pinning.DialPinned(ctx, target.String(), host, d.front.Identity().Pin)
+		if err != nil {
+			return err
+		}
+		return c.Close()
 	}
 }
 

@@ -44,6 +44,7 @@ func newApp() *cli.App {
 			serveCommand(),
 			pinCommand(),
 			statusCommand(),
+			doctorCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",

@@ -1,0 +1,292 @@
+// Package doctor diagnoses a Secure Link installation the way an operator
+// would, one check at a time, and says how to fix each failure.
+//
+// It only reads: it never creates an identity, never writes the remembered
+// authority, and never registers with a broker (which would displace the
+// running daemon's registration).
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/proxy/probe"
+)
+
+// Status of one check.
+type Status string
+
+const (
+	OK   Status = "ok"
+	Warn Status = "warn"
+	Fail Status = "FAIL"
+)
+
+// Result is one line of the report.
+type Result struct {
+	Check  string
+	Status Status
+	Detail string
+	Fix    string
+}
+
+// Options tunes the checks; zero values get defaults.
+type Options struct {
+	// Timeout bounds each network check (3 s).
+	Timeout time.Duration
+	// MaxSkew is the largest tolerated clock difference with an upstream (60 s).
+	MaxSkew time.Duration
+	// ExpiryWarning is how close to expiry a certificate warns (30 days).
+	ExpiryWarning time.Duration
+	// Now is the clock (time.Now).
+	Now func() time.Time
+}
+
+func (o *Options) defaults() {
+	if o.Timeout <= 0 {
+		o.Timeout = 3 * time.Second
+	}
+	if o.MaxSkew <= 0 {
+		o.MaxSkew = 60 * time.Second
+	}
+	if o.ExpiryWarning <= 0 {
+		o.ExpiryWarning = 30 * 24 * time.Hour
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Failed reports whether any result is a failure.
+func Failed(rs []Result) bool {
+	for _, r := range rs {
+		if r.Status == Fail {
+			return true
+		}
+	}
+	return false
+}
+
+// Format renders results one line each, with the fix under each failure.
+func Format(rs []Result) string {
+	var b []byte
+	for _, r := range rs {
+		b = fmt.Appendf(b, "%-4s  %-18s %s\n", r.Status, r.Check, r.Detail)
+		if r.Fix != "" && r.Status != OK {
+			b = fmt.Appendf(b, "      %-18s fix: %s\n", "", r.Fix)
+		}
+	}
+	return string(b)
+}
+
+// Run checks everything that can be checked for cfg and stateDir. cfg may be
+// nil when the configuration failed to load; cfgErr then says why.
+func Run(ctx context.Context, cfg *config.Config, cfgErr error, stateDir string, o Options) []Result {
+	o.defaults()
+	var rs []Result
+	add := func(r Result) { rs = append(rs, r) }
+	if cfgErr != nil {
+		add(Result{"config", Fail, cfgErr.Error(), "correct the key named at file:line (see config.example.yaml)"})
+		return rs
+	}
+	src := cfg.File
+	if src == "" {
+		src = "built-in defaults"
+	}
+	if err := cfg.Unsupported(); err != nil {
+		add(Result{"config", Fail, err.Error(), "switch the named feature off; this build does not have it yet"})
+	} else {
+		add(Result{"config", OK, src, ""})
+	}
+
+	idOK := checkStateAndIdentity(cfg, stateDir, o, add)
+	var localPin string
+	if idOK != nil {
+		localPin = idOK.Pin
+	}
+	checkUpstreams(ctx, cfg, o, add)
+	checkDaemon(ctx, cfg, stateDir, localPin, o, add)
+	if cfg.Reach.Enabled {
+		add(Result{"reach", Fail, "reach.enabled is on, but this build has no Reach connector yet", "set reach.enabled: false"})
+	} else {
+		add(Result{"reach", OK, "disabled", ""})
+	}
+	return rs
+}
+
+func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add func(Result)) *pinning.Identity {
+	fi, err := os.Stat(stateDir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		add(Result{"state_dir", Fail, stateDir + " does not exist", "start the daemon once (systemctl start securelink) or run `securelink pin` to create the identity"})
+		return nil
+	case err != nil:
+		add(Result{"state_dir", Fail, err.Error(), "run doctor as the service user or root"})
+		return nil
+	case fi.Mode().Perm()&0o077 != 0:
+		add(Result{"state_dir", Fail, fmt.Sprintf("%s has mode %04o", stateDir, fi.Mode().Perm()), "chmod 700 " + stateDir})
+	default:
+		add(Result{"state_dir", OK, stateDir, ""})
+	}
+
+	port := cfg.AdvertisePort
+	if port == 0 {
+		port, _ = config.ListenPort(cfg.Listen)
+	}
+	if port == 0 {
+		add(Result{"authority", Fail, "listen has no fixed port", "set advertise_port"})
+		return nil
+	}
+	if cfg.Advertise == "" {
+		if _, err := os.Stat(pinning.AuthorityPath(stateDir)); err != nil {
+			add(Result{"authority", Fail, "no authority detected yet", "start the daemon once, or set advertise in the configuration"})
+			return nil
+		}
+	}
+	ra, err := pinning.ResolveAuthority(pinning.ResolveOptions{StateDir: stateDir, Advertise: cfg.Advertise, Port: port})
+	if err != nil {
+		add(Result{"authority", Fail, err.Error(), "set advertise in the configuration"})
+		return nil
+	}
+	if ra.Stale {
+		add(Result{"authority", Fail, fmt.Sprintf("remembered address %s is no longer on this host", ra.Authority.Host),
+			"set advertise: <this host's address> in the configuration, run `securelink pin --rotate --yes`, reload, and re-pair"})
+	} else {
+		add(Result{"authority", OK, fmt.Sprintf("%s (%s)", ra.Authority, ra.Source), ""})
+	}
+
+	id, err := pinning.Load(pinning.IdentityConfig{
+		StateDir: stateDir, Mode: cfg.TLS.Mode, KeyType: cfg.TLS.KeyType,
+		CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile,
+		Authority: ra.Authority, ExtraNames: cfg.ExtraNames, Now: o.Now,
+	})
+	if err != nil {
+		fix := "see the message; `securelink pin --rotate --yes` makes a new identity (clients must re-pair)"
+		switch {
+		case errors.Is(err, pinning.ErrSANMismatch):
+			fix = "run `securelink pin --rotate --yes`, reload the daemon, and re-pair every client"
+		case errors.Is(err, pinning.ErrNoIdentity):
+			fix = "start the daemon once or run `securelink pin` to create it"
+		}
+		add(Result{"identity", Fail, err.Error(), fix})
+		return nil
+	}
+	now := o.Now()
+	switch {
+	case now.After(id.Leaf.NotAfter):
+		add(Result{"identity", Fail, "certificate expired " + id.Leaf.NotAfter.UTC().Format(time.RFC3339), "install a renewed certificate (files mode) or rotate"})
+	case id.Leaf.NotAfter.Sub(now) < o.ExpiryWarning:
+		add(Result{"identity", Warn, "certificate expires " + id.Leaf.NotAfter.UTC().Format(time.RFC3339), "renew it before then, keeping the key so the pin survives"})
+	default:
+		add(Result{"identity", OK, fmt.Sprintf("%s, valid until %s", id.Pin, id.Leaf.NotAfter.UTC().Format("2006-01-02")), ""})
+	}
+	for _, w := range id.Warnings {
+		add(Result{"identity", Warn, w, "see the message"})
+	}
+	return id
+}
+
+func checkUpstreams(ctx context.Context, cfg *config.Config, o Options, add func(Result)) {
+	hc := &http.Client{
+		Timeout:       o.Timeout,
+		Transport:     &http.Transport{Proxy: nil, DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	type up struct{ name, raw, path, fix string }
+	for _, u := range []up{
+		{"relay", cfg.Upstreams.Relay, "/health", "start the Hermes Relay (expected at upstreams.relay)"},
+		{"api", cfg.Upstreams.API, "/health", "start the Hermes API server (expected at upstreams.api)"},
+		{"dashboard", cfg.Upstreams.Dashboard, "/api/health", "start the Hermes Dashboard (expected at upstreams.dashboard)"},
+	} {
+		base, err := config.ParseUpstream(u.raw, cfg.Upstreams.AllowRemote)
+		if err != nil {
+			add(Result{"upstream " + u.name, Fail, err.Error(), "fix upstreams." + u.name})
+			continue
+		}
+		target := *base
+		target.Path = base.Path + u.path
+		status, body, date, err := get(ctx, hc, &target)
+		check := "upstream " + u.name
+		if err != nil {
+			add(Result{check, Fail, fmt.Sprintf("%s unreachable (%s)", redact(base), errKind(err)), u.fix})
+			continue
+		}
+		switch {
+		case u.name == "dashboard" && !(status == http.StatusOK && probe.GateOn(body)):
+			add(Result{check, Fail, fmt.Sprintf("%s answers, but its login gate is off (auth_required is not true): /dashboard answers 503", redact(base)),
+				"turn on the Dashboard's own login, so its pages never embed a local operator token"})
+		case status/100 != 2:
+			add(Result{check, Fail, fmt.Sprintf("%s%s answered %d", redact(base), u.path, status), u.fix})
+		default:
+			add(Result{check, OK, redact(base) + " available", ""})
+		}
+		if !date.IsZero() {
+			if skew := o.Now().Sub(date); skew > o.MaxSkew || -skew > o.MaxSkew {
+				add(Result{"clock " + u.name, Fail, fmt.Sprintf("%s's clock differs from ours by %s", u.name, skew.Round(time.Second)),
+					"synchronise clocks (e.g. systemd-timesyncd); expiry checks depend on them"})
+			}
+		}
+	}
+}
+
+func get(ctx context.Context, hc *http.Client, u *url.URL) (int, []byte, time.Time, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return 0, nil, time.Time{}, err
+	}
+	res, err := hc.Do(req)
+	if err != nil {
+		return 0, nil, time.Time{}, err
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+	date, _ := http.ParseTime(res.Header.Get("Date"))
+	return res.StatusCode, body, date, nil
+}
+
+func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin string, o Options, add func(Result)) {
+	sock := cfg.AdminSocket(stateDir)
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	var st struct {
+		PinSHA256 string `json:"pin_sha256"`
+		Authority string `json:"authority"`
+	}
+	if _, err := admin.NewClient(sock).Do(ctx, http.MethodGet, "/status", nil, &st); err != nil {
+		fix := "start it: systemctl start securelink (or securelink serve)"
+		if !errors.Is(err, admin.ErrNoDaemon) {
+			fix = "run doctor as the service user or root"
+		}
+		add(Result{"daemon", Fail, err.Error(), fix})
+		return
+	}
+	if localPin != "" && st.PinSHA256 != localPin {
+		add(Result{"daemon", Fail, fmt.Sprintf("serves %s but the identity on disk is %s", st.PinSHA256, localPin),
+			"reload it (systemctl reload securelink), then re-pair clients with `securelink pair`"})
+		return
+	}
+	add(Result{"daemon", OK, "running at " + st.Authority + ", admin socket " + sock, ""})
+}
+
+// redact shows an upstream as scheme://host:port only.
+func redact(u *url.URL) string { return u.Scheme + "://" + u.Host }
+
+func errKind(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timeout"
+	}
+	return err.Error()
+}

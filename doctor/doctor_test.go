@@ -1,0 +1,220 @@
+package doctor
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/pinning"
+)
+
+// fixture is a healthy installation: upstreams up with the gate on, an
+// identity for 127.0.0.1, and a daemon-like admin socket serving its pin.
+type fixture struct {
+	cfg      *config.Config
+	stateDir string
+	gate     string
+	date     time.Time
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{gate: `{"auth_required": true}`}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !f.date.IsZero() {
+			w.Header()["Date"] = []string{f.date.UTC().Format(http.TimeFormat)}
+		}
+		if r.URL.Path == "/api/health" {
+			w.Write([]byte(f.gate))
+			return
+		}
+		w.Write([]byte(`{"status":"ok"}`))
+	}))
+	t.Cleanup(up.Close)
+	f.stateDir = filepath.Join(t.TempDir(), "state")
+	c, err := config.Parse("test.yaml", []byte(fmt.Sprintf(
+		"listen: 127.0.0.1:9443\nadvertise: 127.0.0.1\nstate_dir: %s\nupstreams:\n  relay: %s\n  api: %s\n  dashboard: %s\n",
+		f.stateDir, up.URL, up.URL, up.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.cfg = c
+	id, err := pinning.LoadOrCreate(pinning.IdentityConfig{StateDir: f.stateDir, Authority: pinning.Authority{Host: "127.0.0.1", Port: 9443}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.serveAdmin(t, id.Pin)
+	return f
+}
+
+func (f *fixture) serveAdmin(t *testing.T, pin string) {
+	s, err := admin.Listen(f.cfg.AdminSocket(f.stateDir), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.HandleJSON("GET /status", func(*http.Request) (any, int, error) {
+		return map[string]string{"pin_sha256": pin, "authority": "127.0.0.1:9443"}, 0, nil
+	})
+	go s.Serve()
+	t.Cleanup(func() { s.Close() })
+}
+
+func (f *fixture) run(t *testing.T) []Result {
+	t.Helper()
+	return Run(context.Background(), f.cfg, nil, f.stateDir, Options{Timeout: 2 * time.Second})
+}
+
+// find returns the result of check, failing when absent.
+func find(t *testing.T, rs []Result, check string) Result {
+	t.Helper()
+	for _, r := range rs {
+		if r.Check == check {
+			return r
+		}
+	}
+	t.Fatalf("no %q check in:\n%s", check, Format(rs))
+	return Result{}
+}
+
+func TestHealthyInstallationPasses(t *testing.T) {
+	f := newFixture(t)
+	rs := f.run(t)
+	if Failed(rs) {
+		t.Fatalf("healthy installation reported failures:\n%s", Format(rs))
+	}
+	for _, c := range []string{"config", "state_dir", "authority", "identity", "upstream relay", "upstream api", "upstream dashboard", "daemon", "reach"} {
+		if r := find(t, rs, c); r.Status != OK {
+			t.Errorf("%s: %v", c, r)
+		}
+	}
+}
+
+func TestDeadUpstream(t *testing.T) {
+	f := newFixture(t)
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	f.cfg.Upstreams.API = dead
+	rs := f.run(t)
+	r := find(t, rs, "upstream api")
+	if r.Status != Fail || !strings.Contains(r.Fix, "start the Hermes API server") || !Failed(rs) {
+		t.Fatalf("dead upstream: %+v", r)
+	}
+}
+
+func TestDashboardGateOff(t *testing.T) {
+	for _, body := range []string{`{"auth_required": false}`, `[]`, `not json`, `{"auth_required": "true"}`} {
+		f := newFixture(t)
+		f.gate = body
+		r := find(t, f.run(t), "upstream dashboard")
+		if r.Status != Fail || !strings.Contains(r.Detail, "login gate is off") || !strings.Contains(r.Fix, "login") {
+			t.Fatalf("gate body %q: %+v", body, r)
+		}
+	}
+}
+
+func TestClockSkew(t *testing.T) {
+	f := newFixture(t)
+	f.date = time.Now().Add(-2 * time.Minute)
+	r := find(t, f.run(t), "clock relay")
+	if r.Status != Fail || !strings.Contains(r.Fix, "synchronise clocks") {
+		t.Fatalf("skew: %+v", r)
+	}
+}
+
+func TestSANMismatch(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.Advertise = "127.0.0.2"
+	r := find(t, f.run(t), "identity")
+	if r.Status != Fail || !strings.Contains(r.Fix, "securelink pin --rotate --yes") {
+		t.Fatalf("SAN mismatch: %+v", r)
+	}
+}
+
+func TestWrongKeyMode(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	certFile, keyFile := writeCertFiles(t, dir, "127.0.0.1")
+	os.Chmod(keyFile, 0o644)
+	f.cfg.TLS.Mode = "files"
+	f.cfg.TLS.CertFile, f.cfg.TLS.KeyFile = certFile, keyFile
+	r := find(t, f.run(t), "identity")
+	if r.Status != Fail || !strings.Contains(r.Detail, keyFile) {
+		t.Fatalf("world-readable key: %+v", r)
+	}
+	os.Chmod(keyFile, 0o600)
+	if r := find(t, f.run(t), "identity"); r.Status != OK {
+		t.Fatalf("0600 key: %+v", r)
+	}
+}
+
+func TestStateDirMode(t *testing.T) {
+	f := newFixture(t)
+	os.Chmod(f.stateDir, 0o755)
+	defer os.Chmod(f.stateDir, 0o700)
+	r := find(t, f.run(t), "state_dir")
+	if r.Status != Fail || !strings.Contains(r.Fix, "chmod 700") {
+		t.Fatalf("state dir mode: %+v", r)
+	}
+}
+
+func TestDaemonServesOtherPin(t *testing.T) {
+	f := newFixture(t)
+	// Rotate on disk without reloading the daemon.
+	if _, err := pinning.Rotate(pinning.IdentityConfig{StateDir: f.stateDir, Authority: pinning.Authority{Host: "127.0.0.1", Port: 9443}}); err != nil {
+		t.Fatal(err)
+	}
+	r := find(t, f.run(t), "daemon")
+	if r.Status != Fail || !strings.Contains(r.Fix, "reload") {
+		t.Fatalf("stale daemon: %+v", r)
+	}
+}
+
+func TestNoDaemonAndBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	c, _ := config.Parse("c.yaml", []byte("state_dir: "+dir+"\nupstreams:\n  relay: http://127.0.0.1:1\n  api: http://127.0.0.1:1\n  dashboard: http://127.0.0.1:1\n"))
+	r := find(t, Run(context.Background(), c, nil, dir, Options{Timeout: time.Second}), "daemon")
+	if r.Status != Fail || !strings.Contains(r.Fix, "systemctl start securelink") {
+		t.Fatalf("no daemon: %+v", r)
+	}
+	_, err := config.Parse("c.yaml", []byte("bogus: 1\n"))
+	rs := Run(context.Background(), nil, err, "", Options{})
+	if !Failed(rs) || !strings.Contains(find(t, rs, "config").Detail, "c.yaml:1") {
+		t.Fatalf("bad config: %s", Format(rs))
+	}
+}
+
+func writeCertFiles(t *testing.T, dir, ip string) (string, string) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: ip},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(365 * 24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP(ip)}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalPKCS8PrivateKey(key)
+	cf, kf := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(cf, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	os.WriteFile(kf, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600)
+	return cf, kf
+}

@@ -1,0 +1,554 @@
+#!/usr/bin/env bash
+# `make bench`: the front (`securelink serve`) against nginx as an equivalent
+# TLS reverse proxy, in one run, on loopback only, with the same ECDSA P-256 key.
+#
+# Layout: the server under test (front or nginx, 1 worker) is pinned to core 0;
+# the load generators (wrk, bench/loadgen) and the fake upstream to core 1.
+# Every figure is measured, never asserted; the table compares CPU per
+# operation and front/nginx ratios, which survive a noisy shared machine better
+# than raw rates.
+#
+#   BENCH_QUICK=1   a smoke run of a few seconds per figure (under a minute)
+#   BENCH_PPROF=1   also profile the front during an extra small-GET pass with
+#                   perf (the front exposes no pprof); report in bench/results/
+#   BENCH_ONLY=front|nginx   measure one server only (no ratio column values)
+#
+# The table goes to stdout and to bench/results/latest.txt; progress to stderr.
+set -euo pipefail
+export LC_ALL=C
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+GO=${GO:-go}
+FRONT_BIN=${BIN:-bin/securelink}
+QUICK=${BENCH_QUICK:-0}
+PPROF=${BENCH_PPROF:-0}
+ONLY=${BENCH_ONLY:-}
+RESULTS=$ROOT/bench/results
+
+if [[ $QUICK == 1 ]]; then
+	DUR=2 WARM=1 SETTLE=1s MODE="quick (BENCH_QUICK=1: smoke run, rough numbers)"
+else
+	DUR=10 WARM=2 SETTLE=3s MODE="full"
+fi
+IDLE_CONNS=1000
+GET_CONNS=32
+ECHO_CONNS=32
+HS_LOOPS=16
+SERVERS=(front nginx)
+case $ONLY in
+"") ;;
+front | nginx) SERVERS=("$ONLY") ;;
+*)
+	echo "BENCH_ONLY must be front or nginx" >&2
+	exit 2
+	;;
+esac
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+die() {
+	printf '[bench] error: %s\n' "$*" >&2
+	exit 1
+}
+
+# ------------------------------------------------------------------ tools
+
+as_root() {
+	if [[ $(id -u) == 0 ]]; then
+		"$@"
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+		sudo -n "$@"
+	else
+		return 1
+	fi
+}
+
+# Debian's postinst would start a system nginx on :80; a temporary policy-rc.d
+# (only when none exists) keeps the install from starting any service.
+install_pkgs() {
+	local pkgs=("$@") made_policy=0
+	log "installing ${pkgs[*]} with apt-get"
+	if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+		as_root sh -c 'printf "#!/bin/sh\nexit 101\n" >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d' ||
+			die "need root (or passwordless sudo) to install ${pkgs[*]}"
+		made_policy=1
+	fi
+	local rc=0
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >&2 ||
+		{ as_root apt-get update -qq >&2 && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >&2; } ||
+		rc=$?
+	[[ $made_policy == 1 ]] && as_root rm -f /usr/sbin/policy-rc.d
+	[[ $rc == 0 ]] || die "apt-get install ${pkgs[*]} failed (need root or passwordless sudo)"
+}
+
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+missing=()
+[[ -x $NGINX ]] || missing+=(nginx)
+command -v wrk >/dev/null || missing+=(wrk)
+command -v taskset >/dev/null || missing+=(util-linux)
+if ((${#missing[@]})); then
+	install_pkgs "${missing[@]}"
+	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+fi
+[[ -x $NGINX ]] || die "nginx not found after install"
+
+NCPU=$(nproc)
+if ((NCPU >= 2)); then
+	SERVER_CPU=0 LOAD_CPU=1
+else
+	SERVER_CPU=0 LOAD_CPU=0
+	log "warning: one core only; server and load generator share it"
+fi
+
+# 1,000 idle WebSockets are 2,000 descriptors in the front (client + upstream leg).
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+(($(ulimit -n) >= 4 * IDLE_CONNS)) || die "ulimit -n $(ulimit -n) is too low for $IDLE_CONNS idle WebSockets"
+
+# ------------------------------------------------------------------ processes
+
+WORK=$(mktemp -d /tmp/securelink-bench.XXXXXX)
+chmod 711 "$WORK" # nginx workers run as an unprivileged user when started by root
+BG_PIDS=()
+FAILED=0
+
+descendants() {
+	local p c
+	for p in "$@"; do
+		for c in $(pgrep -P "$p" 2>/dev/null); do
+			echo "$c"
+			descendants "$c"
+		done
+	done
+}
+
+cleanup() {
+	local rc=$? pid all=() i
+	trap - EXIT INT TERM
+	for pid in "${BG_PIDS[@]}"; do
+		all+=("$pid" $(descendants "$pid"))
+	done
+	if ((${#all[@]})); then
+		kill -TERM "${all[@]}" 2>/dev/null || true
+		for i in $(seq 1 50); do
+			kill -0 "${all[@]}" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "${all[@]}" 2>/dev/null || true
+		wait 2>/dev/null || true
+	fi
+	if [[ -d $WORK ]]; then
+		mkdir -p "$RESULTS/logs"
+		cp -f "$WORK"/*.log "$WORK"/nginx/*.log "$RESULTS/logs/" 2>/dev/null || true
+		rm -rf "$WORK"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ------------------------------------------------------------------ build
+
+mkdir -p "$RESULTS"
+log "building bench/loadgen"
+CGO_ENABLED=0 $GO build -trimpath -o "$WORK/loadgen" ./bench/loadgen
+LG=$WORK/loadgen
+# Load side: every client and the upstream on the other core.
+load() { taskset -c "$LOAD_CPU" "$@"; }
+
+PPROF_NOTE="" PPROF_BUILD=""
+if [[ $PPROF == 1 ]]; then
+	if command -v perf >/dev/null; then
+		# `make build` strips symbols (-s -w); perf needs them. Same code otherwise.
+		log "BENCH_PPROF=1: building an unstripped front for perf"
+		CGO_ENABLED=0 $GO build -trimpath -o "$WORK/securelink-sym" ./cmd/securelink
+		FRONT_BIN=$WORK/securelink-sym PPROF_BUILD=1
+	else
+		PPROF=0
+		PPROF_NOTE="BENCH_PPROF=1 asked, but perf is not installed (apt-get install linux-perf): no profile taken"
+	fi
+fi
+[[ " ${SERVERS[*]} " != *" front "* || -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
+
+read -r UP_PORT FRONT_PORT NGINX_PORT < <("$LG" freeports -n 3)
+
+# ------------------------------------------------------------------ upstream
+
+log "starting upstream on 127.0.0.1:$UP_PORT (core $LOAD_CPU)"
+load "$LG" upstream -listen "127.0.0.1:$UP_PORT" >"$WORK/upstream.log" 2>&1 &
+BG_PIDS+=($!)
+"$LG" waitport -addr "127.0.0.1:$UP_PORT" -timeout 20s
+
+# ------------------------------------------------------------------ front
+
+declare -A PID URL PIN
+start_front() {
+	cat >"$WORK/front.yaml" <<EOF
+listen: "127.0.0.1:$FRONT_PORT"
+advertise: "127.0.0.1"
+state_dir: "$WORK/state"
+upstreams:
+  relay: "http://127.0.0.1:$UP_PORT"
+  api: "http://127.0.0.1:$UP_PORT"
+  dashboard: "http://127.0.0.1:$UP_PORT"
+log: {level: warn, format: json}
+EOF
+	log "starting front on 127.0.0.1:$FRONT_PORT (core $SERVER_CPU)"
+	taskset -c "$SERVER_CPU" "$FRONT_BIN" serve --config "$WORK/front.yaml" >"$WORK/front.out" 2>"$WORK/front.log" &
+	PID[front]=$!
+	BG_PIDS+=(${PID[front]})
+	local i line=""
+	for i in $(seq 1 300); do
+		line=$(grep -m1 '^listening ' "$WORK/front.out" 2>/dev/null || true)
+		[[ -n $line ]] && break
+		kill -0 "${PID[front]}" 2>/dev/null || break
+		sleep 0.1
+	done
+	if [[ -z $line ]]; then
+		tail -n 20 "$WORK/front.log" >&2 || true
+		die "front did not print its listening line within 30 s"
+	fi
+	# listening <addr> authority <host:port> pin sha256/<b64>
+	PIN[front]=$(awk '{print $6}' <<<"$line")
+	URL[front]="127.0.0.1:$FRONT_PORT"
+	log "front: $line"
+}
+
+# ------------------------------------------------------------------ nginx
+
+start_nginx() {
+	local ident="$WORK/state/identity.pem" nd="$WORK/nginx"
+	mkdir -p "$nd/tmp"
+	chmod 711 "$nd"
+	if [[ -n ${PIN[front]:-} ]]; then
+		[[ -r $ident ]] || die "$ident not found"
+		# One PEM file holds certificate and key; nginx gets them split (0600).
+		(umask 077 && awk '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/' "$ident" >"$nd/cert.pem" &&
+			awk '/-----BEGIN .*PRIVATE KEY-----/,/-----END .*PRIVATE KEY-----/' "$ident" >"$nd/key.pem")
+		PIN[nginx]=${PIN[front]}
+	else
+		# BENCH_ONLY=nginx: a throwaway P-256 key of the same kind.
+		(umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+			-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout "$nd/key.pem" -out "$nd/cert.pem" 2>/dev/null)
+		PIN[nginx]="sha256/$(openssl x509 -in "$nd/cert.pem" -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64)"
+	fi
+	[[ -s $nd/cert.pem && -s $nd/key.pem ]] || die "could not split $ident into certificate and key"
+	cat >"$nd/nginx.conf" <<EOF
+# Generated by bench/run.sh: nginx as the front's equivalent, for comparison.
+worker_processes 1;
+worker_rlimit_nofile 16384;
+pid $nd/nginx.pid;
+error_log $nd/error.log warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    client_body_temp_path $nd/tmp/body;
+    proxy_temp_path $nd/tmp/proxy;
+    fastcgi_temp_path $nd/tmp/fastcgi;
+    uwsgi_temp_path $nd/tmp/uwsgi;
+    scgi_temp_path $nd/tmp/scgi;
+    # Go's http.Server has no per-connection request cap; nginx's default of
+    # 1000 would force fresh handshakes into the keep-alive GET figure.
+    keepalive_requests 100000000;
+    keepalive_timeout 120s;
+
+    upstream hermes {
+        server 127.0.0.1:$UP_PORT;
+        keepalive 64;
+        keepalive_requests 100000000;
+    }
+
+    server {
+        listen 127.0.0.1:$NGINX_PORT ssl;
+        ssl_certificate $nd/cert.pem;
+        ssl_certificate_key $nd/key.pem;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_ecdh_curve X25519:prime256v1;
+
+        location /api/ {
+            proxy_pass http://hermes/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            # Streamed like the front (never buffered whole), with the front's
+            # 32 KiB copy buffer rather than nginx's 4 KiB page default.
+            proxy_buffering off;
+            proxy_buffer_size 32k;
+            proxy_buffers 4 32k;          # unused with buffering off; nginx
+            proxy_busy_buffers_size 64k;  # validates them against the above
+        }
+        location = /relay/health {
+            proxy_pass http://hermes/health;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+        location = /relay/ws {
+            proxy_pass http://hermes/ws;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_read_timeout 1h;
+            proxy_send_timeout 1h;
+        }
+        location / { return 404; }
+    }
+}
+EOF
+	"$NGINX" -t -q -p "$nd/" -c "$nd/nginx.conf" -e "$nd/error.log" -g 'daemon off;' ||
+		die "nginx rejected its configuration (see above)"
+	log "starting nginx on 127.0.0.1:$NGINX_PORT (1 worker, core $SERVER_CPU)"
+	taskset -c "$SERVER_CPU" "$NGINX" -p "$nd/" -c "$nd/nginx.conf" -e "$nd/error.log" -g 'daemon off;' 2>>"$nd/error.log" &
+	PID[nginx]=$!
+	BG_PIDS+=(${PID[nginx]})
+	"$LG" waitport -addr "127.0.0.1:$NGINX_PORT" -timeout 20s || die "nginx did not listen"
+	URL[nginx]="127.0.0.1:$NGINX_PORT"
+}
+
+for s in "${SERVERS[@]}"; do
+	case $s in
+	front) start_front ;;
+	nginx) start_nginx ;;
+	esac
+done
+# The same key on both sides is what makes the handshake figure comparable.
+if [[ -n ${PIN[front]:-} && -n ${PIN[nginx]:-} ]]; then
+	[[ ${PIN[front]} == "${PIN[nginx]}" ]] || die "front and nginx pins differ"
+fi
+
+# Sanity: each server must answer the routes the figures use.
+for s in "${SERVERS[@]}"; do
+	for path in /api/small /api/big /relay/health; do
+		out=$("$LG" get -url "https://${URL[$s]}$path" -pin "${PIN[$s]}") || die "$s $path: request failed"
+		[[ $out == status=200* ]] || die "$s $path: $out"
+	done
+done
+
+# ------------------------------------------------------------------ measuring
+
+declare -A R # R[<figure>.<server>] = value
+kv() { tr ' ' '\n' <<<"$2" | awk -F= -v k="$1" '$1 == k {print $2; exit}'; }
+cpu_us() { kv cpu_us "$("$LG" proc -pids "${PID[$1]}")"; }
+
+# wrk_run SERVER PATH CONNS -> "requests secs errors"
+wrk_run() {
+	local s=$1 path=$2 conns=$3 out
+	load wrk -t1 -c"$conns" -d"${WARM}s" "https://${URL[$s]}$path" >/dev/null
+	local c0 c1
+	c0=$(cpu_us "$s")
+	out=$(load wrk -t1 -c"$conns" -d"${DUR}s" --timeout 10s "https://${URL[$s]}$path")
+	c1=$(cpu_us "$s")
+	printf '%s\n' "$out" >>"$WORK/wrk.log"
+	awk -v c0="$c0" -v c1="$c1" '
+		function secs(t) { if (t ~ /ms$/) return substr(t,1,length(t)-2)/1000;
+		                   if (t ~ /us$/) return substr(t,1,length(t)-2)/1e6;
+		                   if (t ~ /m$/)  return substr(t,1,length(t)-1)*60;
+		                   if (t ~ /s$/)  return substr(t,1,length(t)-1); return t }
+		/ requests in / { n=$1; t=$4; sub(/,$/,"",t); d=secs(t) }
+		/Non-2xx/ { bad+=$NF }
+		/Socket errors/ { gsub(/,/,""); bad+=$4+$6+$8+$10 }
+		END { printf "%d %.3f %d %.0f\n", n, d, bad, c1-c0 }' <<<"$out"
+}
+
+fail() {
+	log "$*"
+	FAILED=1
+}
+
+measure_get() {
+	local s=$1 n d bad cpu
+	read -r n d bad cpu < <(wrk_run "$s" /api/small "$GET_CONNS")
+	((bad == 0)) || fail "$s small GET: $bad errors or non-2xx responses"
+	((n > 0)) || {
+		fail "$s small GET: no request completed"
+		return
+	}
+	R[get_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.1f", c/n}')
+	R[get_rps.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n/d}')
+}
+
+measure_download() {
+	local s=$1 n d bad cpu
+	read -r n d bad cpu < <(wrk_run "$s" /api/big 1)
+	((bad == 0)) || fail "$s download: $bad errors or non-2xx responses"
+	((n > 0)) || {
+		fail "$s download: no download completed"
+		return
+	}
+	R[dl_mbs.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n*8388608/d/1e6}')
+	R[dl_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.0f", c/(n*8)}')
+}
+
+measure_handshakes() {
+	local s=$1 out
+	out=$(load "$LG" handshakes -addr "${URL[$s]}" -pin "${PIN[$s]}" -conns "$HS_LOOPS" \
+		-duration "${DUR}s" -warmup "${WARM}s" -pids "${PID[$s]}") || {
+		fail "$s handshakes failed"
+		return
+	}
+	log "$s handshakes: $out"
+	R[hs_rate.$s]=$(printf '%.0f' "$(kv rate "$out")")
+	R[hs_cpu.$s]=$(printf '%.0f' "$(kv cpu_per_op_us "$out")")
+	R[hs_tls.$s]="$(kv tls "$out") $(kv cipher "$out") $(kv curve "$out")"
+	(($(kv fail "$out") == 0)) || fail "$s handshakes: $(kv fail "$out") failed"
+}
+
+measure_echo() {
+	local s=$1 out
+	out=$(load "$LG" echo -url "wss://${URL[$s]}/relay/ws" -pin "${PIN[$s]}" -conns 1 -size 1024 \
+		-duration "${DUR}s" -warmup "${WARM}s" -pids "${PID[$s]}") || {
+		fail "$s echo (1 conn) failed"
+		return
+	}
+	log "$s echo x1: $out"
+	R[echo_p50.$s]=$(printf '%.0f' "$(kv p50_us "$out")")
+	R[echo_p99.$s]=$(printf '%.0f' "$(kv p99_us "$out")")
+	out=$(load "$LG" echo -url "wss://${URL[$s]}/relay/ws" -pin "${PIN[$s]}" -conns "$ECHO_CONNS" -size 1024 \
+		-duration "${DUR}s" -warmup "${WARM}s" -pids "${PID[$s]}") || {
+		fail "$s echo ($ECHO_CONNS conns) failed"
+		return
+	}
+	log "$s echo x$ECHO_CONNS: $out"
+	R[echo_cpu.$s]=$(printf '%.1f' "$(kv cpu_per_op_us "$out")")
+	R[echo_rate.$s]=$(printf '%.0f' "$(kv rate "$out")")
+}
+
+measure_idle() {
+	local s=$1 out
+	out=$(load "$LG" idle -url "wss://${URL[$s]}/relay/ws" -pin "${PIN[$s]}" -conns "$IDLE_CONNS" \
+		-settle "$SETTLE" -pids "${PID[$s]}") || {
+		fail "$s idle WebSockets failed"
+		return
+	}
+	log "$s idle: $out"
+	R[idle_mib.$s]=$(printf '%.1f' "$(kv mib_per_1000 "$out")")
+}
+
+profile_front() {
+	[[ $PPROF == 1 && -n ${PID[front]:-} ]] || return 0
+	local data="$RESULTS/front-get.perf.data" txt="$RESULTS/front-get.perf.txt"
+	log "profiling the front with perf during an extra small-GET pass (${DUR}s)"
+	load perf record -q -F 999 -g -p "${PID[front]}" -o "$data" -- sleep "$DUR" 2>>"$WORK/perf.log" &
+	local perf_pid=$!
+	load wrk -t1 -c"$GET_CONNS" -d"${DUR}s" "https://${URL[front]}/api/small" >/dev/null
+	if wait "$perf_pid" && [[ -s $data ]]; then
+		# perf pads a column per unknown sort key with "-"; strip that.
+		local clean='/^#/d; /^$/d; s/[[:space:]]+-[[:space:]]+-[[:space:]]*$//'
+		{
+			echo "== self CPU by symbol (small GET through /api/, ${DUR} s)"
+			perf report -i "$data" --stdio --no-children --sort symbol -g none --percent-limit 0.5 2>/dev/null | sed -E "$clean"
+			echo
+			echo "== inclusive CPU (children) by symbol, >= 1%"
+			perf report -i "$data" --stdio --children --sort symbol -g none --percent-limit 1 2>/dev/null | sed -E "$clean"
+		} >"$txt" || true
+		PPROF_NOTE="front CPU profile (perf, small GET): $txt (raw: $data)."
+		PPROF_NOTE+=$'\n  top self entries:\n'$(sed -n '2,13p' "$txt")
+		PPROF_NOTE+=$'\n  the front\'s own code, inclusive:\n'$(grep -E 'securelink/|httputil\.\(\*ReverseProxy\)\.ServeHTTP|net/http\.\(\*conn\)\.serve$|persistConn\)\.(read|write)Loop$' "$txt" | head -n 12)
+	else
+		PPROF_NOTE="perf record failed (see $RESULTS/logs/perf.log): no profile taken"
+	fi
+}
+
+# Idle WebSockets first, on freshly started servers: heap freed by earlier
+# figures would otherwise absorb part of the increase. Then interleaved per
+# figure, so drift on the shared machine hits both servers alike.
+for fig in idle get download handshakes echo; do
+	for s in "${SERVERS[@]}"; do
+		log "$fig: $s"
+		"measure_$fig" "$s"
+	done
+	if [[ $fig == idle ]]; then sleep 1; fi # let the closed sockets drain before CPU figures
+done
+profile_front
+
+# ------------------------------------------------------------------ table
+
+CMD="bench/run.sh"
+[[ -n ${MAKELEVEL:-} ]] && CMD="make bench"
+ENVS=""
+for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY; do
+	[[ -n ${!v:-} ]] && ENVS+="$v=${!v} "
+done
+CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+NGINX_V=$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')
+NGINX_SSL=$("$NGINX" -V 2>&1 | sed -n 's/^built with //p' | head -n1)
+FRONT_V=$(git describe --always --dirty 2>/dev/null || echo unknown)
+
+ratio() {
+	awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b+0 == 0) print "-"; else printf "%.2fx", a/b }'
+}
+# printf pads by bytes; "µ" is two, so widen the field by the difference.
+pad() { local b c; b=$(printf %s "$1" | LC_ALL=C wc -c); c=$(printf %s "$1" | LC_ALL=C.UTF-8 wc -m); echo $((44 + b - c)); }
+row() { # label key better
+	local f=${R[$2.front]:-} n=${R[$2.nginx]:-}
+	printf "%-$(pad "$1")s %10s %10s %11s   %s\n" "$1" "${f:--}" "${n:--}" "$(ratio "$f" "$n")" "$3"
+}
+# busy SERVER RATE_KEY CPU_EACH_KEY [scale]: share of the server core a rate used,
+# to tell a server-bound figure from a client-bound one.
+busy() {
+	local r=${R[$2.$1]:-} c=${R[$3.$1]:-}
+	[[ -n $r && -n $c ]] || return 0
+	awk -v r="$r" -v c="$c" -v k="${4:-1}" -v s="$1" 'BEGIN{printf "%s %.0f%%", s, r*c*k/1e4}'
+}
+busy_line() { # label rate_key cpu_key [scale]
+	local s parts=()
+	for s in "${SERVERS[@]}"; do
+		local b
+		b=$(busy "$s" "$2" "$3" "${4:-1}")
+		[[ -n $b ]] && parts+=("$b")
+	done
+	((${#parts[@]})) && echo "  $1: $(IFS=,; echo "${parts[*]}" | sed 's/,/, /g')"
+	true
+}
+
+{
+	echo "securelink bench — $(date -u +%Y-%m-%dT%H:%M:%SZ), $MODE"
+	echo "command:  ${ENVS}$CMD"
+	echo "go:       $($GO version)"
+	echo "nginx:    $NGINX_V ($NGINX_SSL), wrk: $(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
+	echo "cpu:      $CPU_MODEL, $NCPU cores; server on core $SERVER_CPU, load generator + upstream on core $LOAD_CPU"
+	[[ -n ${PID[front]:-} ]] && echo "front:    securelink $FRONT_V ($FRONT_BIN${PPROF_BUILD:+, unstripped build for perf})"
+	for s in "${SERVERS[@]}"; do
+		[[ -n ${R[hs_tls.$s]:-} ]] && echo "tls:      $s negotiated ${R[hs_tls.$s]} with the Go client (P-256 ECDSA key)"
+	done
+	echo
+	printf '%-44s %10s %10s %11s   %s\n' "figure" "front" "nginx" "front/nginx" "better"
+	row "small GET: server CPU µs/request (32 conns)" get_cpu lower
+	row "small GET: requests/s" get_rps higher
+	row "8 MiB download: MB/s (1 conn)" dl_mbs higher
+	row "8 MiB download: server CPU µs/MiB" dl_cpu lower
+	row "new TLS handshakes/s (ECDSA P-256, X25519)" hs_rate higher
+	row "TLS handshake: server CPU µs each" hs_cpu lower
+	row "/relay/ws 1 KiB echo p50 µs (1 conn)" echo_p50 lower
+	row "/relay/ws 1 KiB echo p99 µs (1 conn)" echo_p99 lower
+	row "/relay/ws echo: server CPU µs/echo (32 conns)" echo_cpu lower
+	row "/relay/ws echoes/s (32 conns)" echo_rate higher
+	row "RSS MiB per 1,000 idle /relay/ws" idle_mib lower
+	echo
+	echo "notes:"
+	echo "- server CPU = utime+stime from /proc of every server process (nginx master + worker) over"
+	echo "  the measured window; ${DUR} s per figure after ${WARM} s warm-up; RSS = VmRSS increase after"
+	echo "  $IDLE_CONNS authenticated idle WebSockets and $SETTLE settling."
+	echo "- HTTP figures: wrk -t1 over HTTP/1.1 keep-alive (100-byte /api/small with $GET_CONNS conns;"
+	echo "  /api/big with 1 conn). Handshakes and WebSockets: bench/loadgen, X25519 only, no session"
+	echo "  resumption, pin checked in VerifyConnection; $HS_LOOPS handshake loops."
+	echo "- /relay/ws: front = message-level bridge to the upstream /ws; nginx = byte-level"
+	echo "  WebSocket proxy to the same /ws. Both do the Relay auth exchange first."
+	echo "- nginx: worker_processes 1, TLSv1.2+1.3, ssl_ecdh_curve X25519:prime256v1, upstream"
+	echo "  keepalive 64, proxy_buffering off + proxy_buffer_size 32k on /api/ (the front streams"
+	echo "  with 32 KiB buffers), default buffers on /relay/ws, keepalive_requests raised, access_log off."
+	echo "- server core busy during the rate figures (below ~95%: the client core was the limit,"
+	echo "  so compare the CPU-per-operation rows):"
+	busy_line "small GET" get_rps get_cpu
+	busy_line "download" dl_mbs dl_cpu 0.953674
+	busy_line "handshakes" hs_rate hs_cpu
+	busy_line "echo x$ECHO_CONNS" echo_rate echo_cpu
+	echo "- ratio = front/nginx in this run. The machine may be shared: rates swing between runs,"
+	echo "  CPU per operation is the steadier comparison."
+	[[ -n $PPROF_NOTE ]] && printf -- '- %s\n' "$PPROF_NOTE"
+	if [[ $FAILED == 1 ]]; then
+		echo "- SOME FIGURES FAILED (see the [bench] lines on stderr and bench/results/logs/)."
+	fi
+	true
+} | tee "$WORK/table.txt"
+cp "$WORK/table.txt" "$RESULTS/latest.txt"
+log "table written to bench/results/latest.txt"
+exit "$FAILED"

@@ -45,6 +45,7 @@ func newApp() *cli.App {
 			pinCommand(),
 			statusCommand(),
 			doctorCommand(),
+			pairCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",

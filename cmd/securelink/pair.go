@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/pinning"
+)
+
+// bootstrapTTL matches the pairing code's 10-minute life.
+const bootstrapTTL = 600
+
+func pairCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "pair",
+		Usage: "produce a pairing QR carrying the running daemon's pin (asks the loopback Relay to mint and sign it)",
+		Flags: []cli.Flag{
+			configFlag,
+			&cli.StringFlag{Name: "relay", Usage: "the Relay's loopback base `URL` (default: upstreams.relay)"},
+			&cli.StringFlag{Name: "ttl", Usage: "session lifetime (`DURATION`: seconds, or e.g. 30d, 12h; 0 = never)"},
+			&cli.StringFlag{Name: "grants", Usage: "per-channel lifetimes, e.g. `terminal=7d,bridge=1d`"},
+			&cli.BoolFlag{Name: "no-reach", Usage: "leave the Reach (broker) route out of the QR"},
+			&cli.StringSliceFlag{Name: "lan", Usage: "add a plain LAN route `HOST[:API_PORT[:RELAY_PORT]]` (repeatable)"},
+			&cli.StringFlag{Name: "dashboard-url", Usage: "Dashboard `URL` to put in the payload"},
+			&cli.BoolFlag{Name: "json", Usage: "print {payload, invite_url, code_expires_at, routes} as JSON"},
+			&cli.StringFlag{Name: "png", Usage: "also write the QR as a PNG to `FILE`"},
+		},
+		Action: func(c *cli.Context) error {
+			if err := noArgs(c); err != nil {
+				return err
+			}
+			return runPair(c)
+		},
+	}
+}
+
+type identityAnswer struct {
+	Authority string          `json:"authority"`
+	URL       string          `json:"url"`
+	PinSHA256 string          `json:"pin_sha256"`
+	CertDER   string          `json:"cert_der"`
+	Candidate json.RawMessage `json:"candidate"`
+}
+
+func runPair(c *cli.Context) error {
+	ctx := c.Context
+	e, err := loadEnv(c.String("config"), false)
+	if err != nil {
+		return err
+	}
+	// Everything the operator asked for is parsed before anything is minted.
+	var lans []pairing.LANRoute
+	for _, l := range c.StringSlice("lan") {
+		r, err := pairing.ParseLAN(l)
+		if err != nil {
+			return fmt.Errorf("--lan %q: %w", l, err)
+		}
+		lans = append(lans, r)
+	}
+	req := pairing.MintRequest{DashboardURL: c.String("dashboard-url")}
+	if s := c.String("ttl"); s != "" {
+		ttl, err := pairing.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("--ttl: %w", err)
+		}
+		req.TTLSeconds = &ttl
+	}
+	if s := c.String("grants"); s != "" {
+		g, err := pairing.ParseGrants(s)
+		if err != nil {
+			return fmt.Errorf("--grants: %w", err)
+		}
+		req.Grants = g
+	}
+	relayRaw := c.String("relay")
+	if relayRaw == "" {
+		relayRaw = e.cfg.Upstreams.Relay
+	}
+	relayBase, err := config.ParseUpstream(relayRaw, false)
+	if err != nil {
+		return fmt.Errorf("--relay: %w", err)
+	}
+
+	// 1. The identity the daemon serves right now — never a file it may not use.
+	cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
+	var ident identityAnswer
+	if _, err := cl.Do(ctx, http.MethodGet, "/identity", nil, &ident); err != nil {
+		if errors.Is(err, admin.ErrNoDaemon) {
+			return fmt.Errorf("%w; start it (systemctl start securelink) before pairing", err)
+		}
+		return err
+	}
+	var cand pinning.Candidate
+	if err := json.Unmarshal(ident.Candidate, &cand); err != nil {
+		return fmt.Errorf("daemon's candidate: %w", err)
+	}
+	if err := cand.Validate(); err != nil {
+		return fmt.Errorf("the daemon's candidate is not one clients accept: %w", err)
+	}
+	var broker *pairing.BrokerBootstrap
+	if e.cfg.Reach.Enabled && !c.Bool("no-reach") {
+		var b pairing.BrokerBootstrap
+		code, err := cl.Do(ctx, http.MethodPost, "/reach/bootstrap", map[string]int{"ttl_seconds": bootstrapTTL}, &b)
+		switch {
+		case code == http.StatusConflict:
+			return errors.New("Reach is enabled but the daemon is not connected to its broker; fix that (securelink status) or pair without it: securelink pair --no-reach")
+		case err != nil:
+			return fmt.Errorf("Reach bootstrap: %w (or pair without Reach: --no-reach)", err)
+		}
+		broker = &b
+	}
+
+	// 2. Our endpoints, in order.
+	eps, err := pairing.BuildEndpoints(cand, lans, broker)
+	if err != nil {
+		return err
+	}
+	req.Endpoints = eps
+
+	// 3. The Relay mints the code and signs.
+	resp, err := pairing.Mint(ctx, relayBase, req)
+	if err != nil {
+		return fmt.Errorf("%w (is the Hermes Relay running at %s?)", err, relayBase.Redacted())
+	}
+
+	// 4. What it signed must hold exactly our routes and no foreign pin.
+	if err := resp.Payload.CheckEndpoints(eps); err != nil {
+		return fmt.Errorf("refusing the Relay's payload: %w", err)
+	}
+	if path, err := pairing.DefaultQRSecretPath(); err == nil {
+		key, err := pairing.LoadQRSecret(path)
+		var loose *pairing.LooseModeError
+		switch {
+		case errors.As(err, &loose):
+			fmt.Fprintln(os.Stderr, "warning:", err)
+			fallthrough
+		case err == nil:
+			if verr := pairing.Verify(key, resp.Payload.Tree()); verr != nil {
+				return fmt.Errorf("the Relay's signature does not verify with %s: %w", path, verr)
+			}
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission):
+			fmt.Fprintf(os.Stderr, "warning: cannot read the QR secret %s to verify the signature (run as the Hermes user to check it)\n", path)
+		default:
+			return err
+		}
+	}
+
+	routes := make([]string, 0, len(eps))
+	for _, ep := range eps {
+		routes = append(routes, pairing.RouteSummary(ep))
+	}
+	invite := pairing.InviteURL(resp.QRPayload)
+	_, qrErr := pairing.TerminalColumns(resp.QRPayload)
+	tooLarge := errors.Is(qrErr, pairing.ErrTooLargeForQR)
+
+	if c.Bool("json") {
+		out := struct {
+			Payload       json.RawMessage `json:"payload"`
+			InviteURL     string          `json:"invite_url"`
+			CodeExpiresAt int64           `json:"code_expires_at"`
+			Routes        []string        `json:"routes"`
+		}{json.RawMessage(resp.QRPayload), invite, resp.ExpiresAt, routes}
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+		os.Stdout.Write(buf.Bytes())
+	} else {
+		fmt.Printf("Hermes Secure Link pairing\n  authority   %s\n  pin         %s\n  code        expires %s (in %s)\n  routes\n",
+			ident.Authority, ident.PinSHA256, time.Unix(resp.ExpiresAt, 0).UTC().Format(time.RFC3339),
+			time.Until(time.Unix(resp.ExpiresAt, 0)).Round(time.Second))
+		for _, r := range routes {
+			fmt.Printf("    - %s\n", r)
+		}
+		fmt.Printf("\nInvite URL (for devices that cannot scan):\n%s\n\n", invite)
+	}
+	if tooLarge {
+		return fmt.Errorf("%w", qrErr)
+	}
+	if p := c.String("png"); p != "" {
+		if err := pairing.WritePNG(p, resp.QRPayload); err != nil {
+			return fmt.Errorf("--png: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "QR written to %s\n", p)
+	}
+	if !c.Bool("json") {
+		cols := terminalColumns()
+		qr, err := pairing.RenderTerminal(resp.QRPayload, cols)
+		switch {
+		case err == nil:
+			fmt.Print(qr)
+			fmt.Println("Scan with the Hermes app. The code is single-use.")
+		case errors.Is(err, pairing.ErrQRTooWide):
+			fmt.Printf("The QR needs a wider terminal than %d columns: widen it, use --png FILE, or use the invite URL above.\n", cols)
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// terminalColumns is $COLUMNS, else 80.
+func terminalColumns() int {
+	if n, err := strconv.Atoi(strings.TrimSpace(os.Getenv("COLUMNS"))); err == nil && n > 0 {
+		return n
+	}
+	return 80
+}

@@ -106,7 +106,7 @@ type Admin struct {
 
 // Metrics configures the Prometheus listener.
 type Metrics struct {
-	Listen string `yaml:"listen"` // "" = off; loopback only
+	Listen string `yaml:"listen"` // "" = off; loopback only, e.g. 127.0.0.1:9464
 }
 
 // Log configures logging.
@@ -373,9 +373,6 @@ func (c *Config) Unsupported() error {
 	}
 	if c.Reach.Enabled {
 		errs = append(errs, c.Errorf("reach.enabled", "Reach is not supported yet; set reach.enabled: false"))
-	}
-	if c.Metrics.Listen != "" {
-		errs = append(errs, c.Errorf("metrics.listen", "metrics are not supported yet; leave metrics.listen empty"))
 	}
 	return errors.Join(errs...)
 }

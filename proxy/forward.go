@@ -5,11 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
-	"mime"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,13 +33,17 @@ type forwarder struct {
 
 // exchange is the per-request state the ReverseProxy hooks share.
 type exchange struct {
-	rawTail  string
-	rawQuery string
-	clientIP string
-	upgrade  bool
-	cancel   context.CancelFunc
-	total    *time.Timer
-	body     *limitedBody
+	// clientCtx is the client's own request context: when it ends, the
+	// client left; when only ours ends, a limit fired.
+	clientCtx context.Context
+	start     time.Time
+	rawTail   string
+	rawQuery  string
+	clientIP  string
+	upgrade   bool
+	cancel    context.CancelFunc
+	total     *time.Timer
+	body      *limitedBody
 }
 
 type exchangeKey struct{}
@@ -72,7 +77,9 @@ func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority s
 		ModifyResponse: f.modifyResponse,
 		ErrorHandler:   f.errorHandler,
 		BufferPool:     bufferPool,
-		ErrorLog:       nil,
+		// Not nil: the default would print copy errors to stderr,
+		// bypassing the structured log.
+		ErrorLog: log.New(serverErrorLog{log: s.log, event: "reverse_proxy"}, "", 0),
 	}
 	return f
 }
@@ -83,7 +90,7 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQu
 		plainError(w, http.StatusRequestEntityTooLarge)
 		return
 	}
-	ex := &exchange{rawTail: rawTail, rawQuery: rawQuery, clientIP: clientIP(r)}
+	ex := &exchange{clientCtx: r.Context(), start: time.Now(), rawTail: rawTail, rawQuery: rawQuery, clientIP: clientIP(r)}
 	ex.upgrade = policy.IsWebSocketUpgrade(r.Header)
 	if !ex.upgrade && r.Header.Get("Upgrade") != "" {
 		// Only WebSocket upgrades pass; anything else (h2c, TLS upgrade) is
@@ -116,7 +123,9 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 	// Opaque carries the raw tail byte for byte: the client's encoding is
 	// forwarded as sent, never re-encoded. The path check has already
 	// refused every form that could change meaning upstream.
-	out.URL.Opaque = f.upstream.EscapedPath() + ex.rawTail
+	// The base path loses a trailing slash first: "/" + "/x" would be "//x",
+	// which net/http even writes as the absolute-form target "http://x".
+	out.URL.Opaque = strings.TrimSuffix(f.upstream.EscapedPath(), "/") + ex.rawTail
 	out.URL.RawPath = ""
 	out.URL.RawQuery = ex.rawQuery
 	out.URL.ForceQuery = false
@@ -128,14 +137,19 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 
 func (f *forwarder) modifyResponse(resp *http.Response) error {
 	ex := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	f.s.metrics.UpstreamLatency(f.ns.String(), time.Since(ex.start))
 	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		return nil // the body is the upgraded connection; no totals apply
+		// The body is the upgraded connection; no totals apply.
+		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
+			resp.Body = wholeClose{rwc}
+		}
+		return nil
 	}
 	if resp.ContentLength > f.limits.MaxResponseBody {
 		return errResponseTooLarge
 	}
-	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct == "text/event-stream" && ex.total != nil {
+	if ex.total != nil && isEventStream(resp.Header.Get("Content-Type")) {
 		ex.total.Stop() // SSE: only the idle read applies
 	}
 	resp.Body = newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
@@ -148,12 +162,27 @@ func (f *forwarder) errorHandler(w http.ResponseWriter, r *http.Request, err err
 		plainError(w, http.StatusRequestEntityTooLarge)
 		return
 	}
-	if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
-		// The client went away (or a total/idle limit fired); say so only in logs.
-		f.s.log.Debug().Str("ns", f.ns.String()).Msg("request ended before the upstream answered")
+	if ex != nil && ex.clientCtx.Err() != nil {
+		// The client went away: nothing failed upstream, and nobody reads
+		// an answer.
+		f.s.log.Debug().Str("ns", f.ns.String()).Str("event", "client_gone").Msg("client left before the upstream answered")
+		w.WriteHeader(499)
+		return
 	}
 	f.s.log.Warn().Str("ns", f.ns.String()).Str("event", "upstream_error").Str("error", errorKind(err)).Msg("upstream failed")
 	plainError(w, http.StatusBadGateway)
+}
+
+// isEventStream reports a text/event-stream Content-Type without the
+// allocations of mime.ParseMediaType, which ran on every response.
+func isEventStream(ct string) bool {
+	const want = "text/event-stream"
+	ct = strings.TrimLeft(ct, " \t")
+	if len(ct) < len(want) || !strings.EqualFold(ct[:len(want)], want) {
+		return false
+	}
+	rest := strings.TrimLeft(ct[len(want):], " \t")
+	return rest == "" || rest[0] == ';'
 }
 
 // errorKind names an upstream failure without echoing URLs or paths.
@@ -203,6 +232,15 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 	}
 	_ = b.ctl.SetReadDeadline(time.Now().Add(b.timeout))
 	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		// The body is complete: the deadline must not outlive it. On
+		// HTTP/1.1 net/http keeps reading the connection in the background
+		// after the body's end to notice a client that leaves; a lingering
+		// deadline would make that read time out and cancel a request whose
+		// answer is merely slow. After a failed read the expired deadline
+		// stays, so net/http's discarding of the unread body cannot block.
+		_ = b.ctl.SetReadDeadline(time.Time{})
+	}
 	if int64(n) > b.remaining {
 		b.exceeded = true
 		return 0, errBodyTooLarge
@@ -265,3 +303,9 @@ func (w *upgradeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	return w.s.trackUpgrade(c), brw, nil
 }
+
+// wholeClose hides the upstream leg's CloseWrite from ReverseProxy. With it,
+// a client that leaves would only half-close the upstream and the proxy would
+// keep both legs open until the upstream closed too; without it the first
+// leg to end closes both, as the contract requires.
+type wholeClose struct{ io.ReadWriteCloser }

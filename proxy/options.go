@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/metrics"
+	"github.com/hermes-securelink/securelink/relay"
 )
 
 // Limits bounds every body, header and wait of the front. The defaults are
@@ -91,7 +94,14 @@ type Options struct {
 	// ProxySecret, when set, is sent to the Relay on /relay/ws upgrades.
 	ProxySecret string
 	Limits      Limits
-	Log         zerolog.Logger
+	// Relay tunes the /relay/ws bridge (message size, pings, auth-failure
+	// limiting); zero fields get the bridge's defaults. Its Upstream,
+	// ProxySecret and Log are taken from the fields above.
+	Relay relay.Options
+	// Metrics records requests, bytes, latency and handshake failures; nil
+	// records nothing.
+	Metrics *metrics.Front
+	Log     zerolog.Logger
 }
 
 func (o *Options) validate() error {

@@ -23,8 +23,10 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/metrics"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy/policy"
 	"github.com/hermes-securelink/securelink/proxy/probe"
@@ -54,6 +56,7 @@ type Server struct {
 
 	// sniRejected counts handshakes refused for an unknown server name.
 	sniRejected atomic.Uint64
+	metrics     *metrics.Front
 
 	mu       sync.Mutex
 	upgraded map[net.Conn]struct{} // byte-level upgrades, closed on Shutdown
@@ -77,17 +80,15 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: opts.Log, upgraded: map[net.Conn]struct{}{}}
+	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}}
 	s.prober = probe.New(probe.Options{
 		Interval: opts.Limits.ProbeInterval,
 		Timeout:  opts.Limits.ProbeTimeout,
 		Log:      opts.Log,
 	})
-	bridge, err := relay.NewBridge(relay.Options{
-		Upstream:    opts.Upstreams.Relay,
-		ProxySecret: opts.ProxySecret,
-		Log:         opts.Log,
-	}.WithDefaults())
+	ro := opts.Relay
+	ro.Upstream, ro.ProxySecret, ro.Log = opts.Upstreams.Relay, opts.ProxySecret, opts.Log
+	bridge, err := relay.NewBridge(ro.WithDefaults())
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +108,10 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		IdleTimeout:       l.IdleTimeout,
 		MaxHeaderBytes:    l.MaxHeaderBytes,
-		ErrorLog:          log.New(serverErrorLog{opts.Log}, "", 0),
+		// "OPTIONS *" is not on the route table; without this net/http
+		// answers it itself, outside every check of ServeHTTP.
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     log.New(serverErrorLog{log: opts.Log, event: "http_server", metrics: opts.Metrics}, "", 0),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if tc, ok := c.(*tls.Conn); ok {
 				c = tc.NetConn()
@@ -172,6 +176,34 @@ func (s *Server) TLSConfig() *tls.Config { return s.tls }
 // SNIRejected reports how many handshakes named an unknown server.
 func (s *Server) SNIRejected() uint64 { return s.sniRejected.Load() }
 
+// RegisterMetrics adds the scrape-time gauges that read the front's state:
+// open WebSockets, cached upstream availability and probe counts.
+func (s *Server) RegisterMetrics(m *metrics.Front) {
+	if m == nil {
+		return
+	}
+	const wsHelp = "Open WebSockets: relay = /relay/ws bridges, passthrough = byte-level upgrades on /api and /dashboard."
+	m.GaugeFunc("securelink_websockets_active", wsHelp, prometheus.Labels{"ns": "relay"},
+		func() float64 { return float64(s.bridge.Active()) })
+	m.GaugeFunc("securelink_websockets_active", wsHelp, prometheus.Labels{"ns": "passthrough"},
+		func() float64 { return float64(s.ActiveUpgrades()) })
+	for _, t := range []struct {
+		name   string
+		target probe.Target
+	}{{"relay", probe.Relay}, {"api", probe.API}, {"dashboard", probe.Dashboard}} {
+		t := t
+		m.CounterFunc("securelink_probes_total", "Availability probes sent to upstreams (coalesced, cached).", prometheus.Labels{"target": t.name},
+			func() float64 { return float64(s.prober.Count(t.target)) })
+		m.GaugeFunc("securelink_upstream_available", "1 when an upstream's last probe succeeded (the Dashboard: its login gate is on).", prometheus.Labels{"target": t.name},
+			func() float64 {
+				if s.prober.Available(context.Background(), t.target) {
+					return 1
+				}
+				return 0
+			})
+	}
+}
+
 // Bridge exposes the /relay/ws bridge (for status and Reach wiring).
 func (s *Server) Bridge() *relay.Bridge { return s.bridge }
 
@@ -181,6 +213,7 @@ func (s *Server) Bridge() *relay.Bridge { return s.bridge }
 func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if hello.ServerName != "" && !s.state.Load().host.Allowed(hello.ServerName) {
 		s.sniRejected.Add(1)
+		s.metrics.HandshakeFailure(metrics.ReasonUnknownSNI)
 		return nil, nil
 	}
 	return &s.identity.Load().Certificate, nil
@@ -202,27 +235,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
 	s.mu.Unlock()
-	var errs []error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := s.bridge.Shutdown(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}()
-	if err := s.http.Shutdown(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	<-done
-	s.mu.Lock()
-	for c := range s.upgraded {
-		c.Close()
-	}
-	s.mu.Unlock()
+	bridgeErr := make(chan error, 1)
+	go func() { bridgeErr <- s.bridge.Shutdown(ctx) }()
+	httpErr := s.http.Shutdown(ctx)
+	err := errors.Join(httpErr, <-bridgeErr)
+	s.closeUpgrades()
+	s.prober.Close()
 	st := s.state.Load()
 	st.api.transport.CloseIdleConnections()
 	st.dashboard.transport.CloseIdleConnections()
-	return errors.Join(errs...)
+	return err
 }
 
 // Close stops everything at once.
@@ -231,12 +253,24 @@ func (s *Server) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	s.bridge.Shutdown(ctx)
+	s.closeUpgrades()
+	s.prober.Close()
+	return err
+}
+
+// closeUpgrades refuses new byte-level upgrades and closes the open ones.
+// The set is copied first: trackedConn.Close takes s.mu to remove itself.
+func (s *Server) closeUpgrades() {
 	s.mu.Lock()
+	s.closing = true
+	open := make([]net.Conn, 0, len(s.upgraded))
 	for c := range s.upgraded {
-		c.Close()
+		open = append(open, c)
 	}
 	s.mu.Unlock()
-	return err
+	for _, c := range open {
+		c.Close()
+	}
 }
 
 // Availability reports the three coalesced probes (run in parallel, so a
@@ -247,28 +281,46 @@ func (s *Server) Availability(ctx context.Context) relay.Availability {
 	return a
 }
 
-// ServeHTTP is the whole routing table of the front.
+// ServeHTTP answers one request, recording it when metrics are on.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.metrics == nil {
+		s.route(w, r)
+		return
+	}
+	rec := newRecorder(w, r)
+	ns := s.route(rec, r)
+	if rec.status == 0 {
+		rec.status = http.StatusOK // net/http's answer when nothing was written
+	}
+	s.metrics.Request(ns, rec.status, rec.in.n, rec.out)
+}
+
+// nsNone labels requests refused before a namespace was chosen.
+const nsNone = "none"
+
+// route is the whole routing table of the front; it returns the namespace
+// label of the request for metrics.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) string {
 	st := s.state.Load()
 	if r.Method == http.MethodConnect || r.Method == http.MethodTrace {
 		plainError(w, http.StatusMethodNotAllowed)
-		return
+		return nsNone
 	}
 	// Origin-form only: an absolute-form target ("GET http://x/ HTTP/1.1")
 	// would let a client name a host other than the authority.
 	if !strings.HasPrefix(r.RequestURI, "/") {
 		plainError(w, http.StatusBadRequest)
-		return
+		return nsNone
 	}
 	if !st.host.Allowed(r.Host) {
 		plainError(w, http.StatusMisdirectedRequest)
-		return
+		return nsNone
 	}
 	rawPath, rawQuery, _ := strings.Cut(r.RequestURI, "?")
 	ns, tail, ok := policy.Split(rawPath)
 	if !ok {
 		plainError(w, http.StatusNotFound)
-		return
+		return nsNone
 	}
 	switch ns {
 	case policy.NSRelay:
@@ -280,26 +332,27 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		default:
 			plainError(w, http.StatusNotFound)
 		}
-		return
 	case policy.NSAPI, policy.NSDashboard:
 		if err := policy.CheckRawPath(rawPath); err != nil {
 			plainError(w, http.StatusBadRequest)
-			return
+			break
 		}
 		if ns == policy.NSDashboard {
 			if !s.prober.Dashboard(r.Context()) {
 				// Fail closed: without the Dashboard's own login gate its
 				// HTML may embed a local operator token.
 				plainError(w, http.StatusServiceUnavailable)
-				return
+				break
 			}
 			st.dashboard.serve(w, r, tail, rawQuery)
-			return
+			break
 		}
 		st.api.serve(w, r, tail, rawQuery)
-		return
+	default:
+		plainError(w, http.StatusNotFound)
+		return nsNone
 	}
-	plainError(w, http.StatusNotFound)
+	return ns.String()
 }
 
 // plainError writes a short generic body; upstream details never reach clients.
@@ -350,9 +403,38 @@ func (c *trackedConn) Close() error {
 // serverErrorLog routes net/http's internal messages (TLS handshake errors
 // and the like) to zerolog at debug level: they are client noise, and they
 // never carry request secrets.
-type serverErrorLog struct{ log zerolog.Logger }
+type serverErrorLog struct {
+	log     zerolog.Logger
+	event   string
+	metrics *metrics.Front
+}
 
 func (l serverErrorLog) Write(p []byte) (int, error) {
-	l.log.Debug().Str("event", "http_server").Msg(strings.TrimSpace(string(p)))
+	msg := strings.TrimSpace(string(p))
+	if l.metrics != nil {
+		if reason, ok := handshakeFailureReason(msg); ok {
+			l.metrics.HandshakeFailure(reason)
+		}
+	}
+	l.log.Debug().Str("event", l.event).Msg(msg)
 	return len(p), nil
+}
+
+// handshakeFailureReason classifies net/http's "TLS handshake error" lines.
+// Unknown-SNI refusals are counted where they are decided, not here.
+func handshakeFailureReason(msg string) (string, bool) {
+	_, detail, ok := strings.Cut(msg, "TLS handshake error from ")
+	if !ok {
+		return "", false
+	}
+	switch {
+	case strings.Contains(detail, "no certificates configured"):
+		return "", false
+	case strings.Contains(detail, "timeout"):
+		return metrics.ReasonTimeout, true
+	case strings.Contains(detail, "tls: "):
+		return metrics.ReasonProtocol, true
+	default:
+		return metrics.ReasonOther, true
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/internal/sdnotify"
+	"github.com/hermes-securelink/securelink/metrics"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy"
 )
@@ -48,6 +49,8 @@ type daemon struct {
 	started    time.Time
 	listenAddr string
 	boundPort  int
+	metrics    *metrics.Front
+	metricsAt  string
 
 	mu        sync.Mutex
 	env       *env
@@ -73,6 +76,9 @@ func runServe(ctx context.Context, flagConfig string) error {
 	defer ln.Close()
 	d.boundPort = ln.Addr().(*net.TCPAddr).Port
 
+	if e.cfg.Metrics.Listen != "" {
+		d.metrics, d.metricsAt = metrics.NewFront(), e.cfg.Metrics.Listen
+	}
 	opts, id, auth, err := d.build(e)
 	if err != nil {
 		return err
@@ -83,6 +89,20 @@ func runServe(ctx context.Context, flagConfig string) error {
 		return err
 	}
 	d.front = front
+	if d.metrics != nil {
+		front.RegisterMetrics(d.metrics)
+		ml, err := metrics.Listen(d.metricsAt, d.metrics.Registry())
+		if err != nil {
+			return fmt.Errorf("metrics.listen: %w", err)
+		}
+		go func() {
+			if err := ml.Serve(); err != nil {
+				log.Error().Err(err).Msg("metrics listener stopped")
+			}
+		}()
+		defer ml.Shutdown(context.Background())
+		log.Info().Str("event", "metrics").Str("listen", ml.Addr().String()).Msg("metrics at /metrics")
+	}
 
 	adm, err := admin.Listen(e.cfg.AdminSocket(e.stateDir), log)
 	if err != nil {
@@ -182,6 +202,7 @@ func (d *daemon) build(e *env) (proxy.Options, *pinning.Identity, pinning.Author
 	if err != nil {
 		return proxy.Options{}, nil, pinning.Authority{}, err
 	}
+	opts.Metrics = d.metrics
 	return opts, id, ra.Authority, nil
 }
 
@@ -234,6 +255,9 @@ func (d *daemon) reload() {
 	if e.cfg.Listen != d.listenAddr {
 		d.log.Warn().Str("event", "reload_partial").Str("listen", e.cfg.Listen).
 			Msg("a new listen address needs a restart; keeping " + d.listenAddr)
+	}
+	if e.cfg.Metrics.Listen != d.metricsAt {
+		d.log.Warn().Str("event", "reload_partial").Msg("a new metrics.listen needs a restart; keeping " + orNone(d.metricsAt))
 	}
 	if e.stateDir != d.env.stateDir {
 		d.log.Error().Str("event", "reload_failed").Msg("the state directory changed; restart the daemon to use it")

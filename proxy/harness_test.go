@@ -1,0 +1,679 @@
+package proxy
+
+// The harness runs the real front on 127.0.0.1:0 with real TLS, in front of
+// httptest upstreams that record what they received, and talks to it the way
+// Hermes clients do: pinned TLS (pinning.PinnedTLSConfig), never an
+// unverified connection. Raw HTTP/1.1 over a pinned tls.Conn is used where
+// Go's client would normalize the request.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/pinning"
+)
+
+// extraName is an additional name of every test front (identity SAN, SNI and
+// Host policy).
+const extraName = "front.example"
+
+// probeUA is the User-Agent of the front's availability probes; the fakes
+// count probes by it so probes never count as forwarded traffic.
+const probeUA = "hermes-securelink-probe"
+
+// testTimeout bounds every wait of a test, so a broken front fails the test
+// instead of hanging it. It is never an assertion about speed.
+const testTimeout = 15 * time.Second
+
+// seen is one request as an upstream received it.
+type seen struct {
+	Method     string
+	RequestURI string
+	Host       string
+	Proto      string
+	Header     http.Header
+	BodyLen    int64
+	BodyErr    error
+}
+
+// upstream is a fake API or Dashboard. Probe requests (GET on probePath by
+// the prober) are answered by health and counted apart; every other request
+// is recorded and answered by handler (default: read the whole body, 200).
+type upstream struct {
+	t         *testing.T
+	srv       *httptest.Server
+	url       *url.URL
+	probePath string
+
+	probes atomic.Int64
+	hits   atomic.Int64
+
+	mu      sync.Mutex
+	reqs    []*seen
+	handler http.HandlerFunc
+	health  http.HandlerFunc
+}
+
+func newUpstream(t *testing.T, probePath string, health http.HandlerFunc) *upstream {
+	t.Helper()
+	u := &upstream{t: t, probePath: probePath, health: health}
+	u.srv = httptest.NewServer(http.HandlerFunc(u.serve))
+	t.Cleanup(u.srv.Close)
+	var err error
+	if u.url, err = url.Parse(u.srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func newAPI(t *testing.T) *upstream {
+	return newUpstream(t, "/health", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"status":"ok"}`)
+	})
+}
+
+func newDashboard(t *testing.T) *upstream {
+	return newUpstream(t, "/api/health", gateHealth(`{"status":"ok","auth_required":true}`, 200))
+}
+
+func gateHealth(body string, status int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	}
+}
+
+func (u *upstream) port() string { return u.url.Port() }
+
+// handle replaces the answer to forwarded requests.
+func (u *upstream) handle(h http.HandlerFunc) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.handler = h
+}
+
+// setHealth replaces the answer to probes.
+func (u *upstream) setHealth(h http.HandlerFunc) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.health = h
+}
+
+func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	health, handler := u.health, u.handler
+	u.mu.Unlock()
+	if r.Method == http.MethodGet && r.URL.Path == u.probePath && r.Header.Get("User-Agent") == probeUA {
+		u.probes.Add(1)
+		health(w, r)
+		return
+	}
+	s := &seen{
+		Method: r.Method, RequestURI: r.RequestURI, Host: r.Host, Proto: r.Proto,
+		Header: r.Header.Clone(), BodyLen: -1,
+	}
+	u.mu.Lock()
+	u.reqs = append(u.reqs, s)
+	u.mu.Unlock()
+	u.hits.Add(1)
+	if handler != nil {
+		handler(w, r)
+		return
+	}
+	n, err := io.Copy(io.Discard, r.Body)
+	u.mu.Lock()
+	s.BodyLen, s.BodyErr = n, err
+	u.mu.Unlock()
+	w.Header().Set("Content-Type", "text/plain")
+	io.WriteString(w, "upstream ok")
+}
+
+func (u *upstream) requests() []seen {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make([]seen, len(u.reqs))
+	for i, s := range u.reqs {
+		out[i] = *s
+	}
+	return out
+}
+
+func (u *upstream) last() seen {
+	u.t.Helper()
+	r := u.requests()
+	if len(r) == 0 {
+		u.t.Fatal("upstream received no request")
+	}
+	return r[len(r)-1]
+}
+
+// Relay first-frame protocol as the fake Relay speaks it.
+const (
+	goodCode    = "GOOD42"
+	authOKMsg   = `{"channel":"system","type":"auth.ok","id":"1","payload":{"session_token":"sess-secret-token","expires_at":null,"grants":{},"transport_hint":"wss"}}`
+	authFailMsg = `{"channel":"system","type":"auth.fail","payload":{"reason":"invalid pairing code"}}`
+)
+
+func authFrame(code string) []byte {
+	return []byte(`{"channel":"system","type":"auth","id":"1","payload":{"pairing_code":"` + code +
+		`","device_id":"dev-1","device_name":"Test Phone"}}`)
+}
+
+// wsEnd is how one WebSocket peer saw its connection end: a close code, or
+// -1 when the connection dropped without a close frame.
+type wsEnd struct {
+	code   websocket.StatusCode
+	reason string
+}
+
+func endOf(err error) wsEnd {
+	var ce websocket.CloseError
+	if errors.As(err, &ce) {
+		return wsEnd{ce.Code, ce.Reason}
+	}
+	return wsEnd{code: -1}
+}
+
+// fakeRelay answers GET /health and speaks first-frame auth on /ws, then
+// echoes; the text "close4000" makes it close with 4000.
+type fakeRelay struct {
+	t        *testing.T
+	srv      *httptest.Server
+	url      *url.URL
+	probes   atomic.Int64
+	upgrades atomic.Int64
+	refuse   atomic.Int32 // non-zero: refuse upgrades with this status
+
+	mu   sync.Mutex
+	hdrs []http.Header
+	uris []string
+
+	ends chan wsEnd
+}
+
+func newFakeRelay(t *testing.T) *fakeRelay {
+	t.Helper()
+	f := &fakeRelay{t: t, ends: make(chan wsEnd, 64)}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	var err error
+	if f.url, err = url.Parse(f.srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fakeRelay) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/health" {
+		f.probes.Add(1)
+		io.WriteString(w, `{"ok":true}`)
+		return
+	}
+	if r.URL.Path != "/ws" {
+		http.NotFound(w, r)
+		return
+	}
+	f.upgrades.Add(1)
+	f.mu.Lock()
+	f.hdrs = append(f.hdrs, r.Header.Clone())
+	f.uris = append(f.uris, r.RequestURI)
+	f.mu.Unlock()
+	if code := f.refuse.Load(); code != 0 {
+		w.Header().Set("Retry-After", "7")
+		http.Error(w, "refused by relay", int(code))
+		return
+	}
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		return
+	}
+	c.SetReadLimit(16 << 20)
+	ctx := context.Background()
+	_, first, err := c.Read(ctx)
+	if err != nil {
+		f.ends <- endOf(err)
+		return
+	}
+	var auth struct {
+		Type    string `json:"type"`
+		Payload struct {
+			PairingCode string `json:"pairing_code"`
+		} `json:"payload"`
+	}
+	if json.Unmarshal(first, &auth) != nil || auth.Type != "auth" || auth.Payload.PairingCode != goodCode {
+		_ = c.Write(ctx, websocket.MessageText, []byte(authFailMsg))
+		_ = c.Close(websocket.StatusPolicyViolation, "auth failed")
+		f.ends <- wsEnd{websocket.StatusPolicyViolation, "sent by relay"}
+		return
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte(authOKMsg)); err != nil {
+		f.ends <- endOf(err)
+		return
+	}
+	for {
+		typ, msg, err := c.Read(ctx)
+		if err != nil {
+			f.ends <- endOf(err)
+			return
+		}
+		if string(msg) == "close4000" {
+			_ = c.Close(4000, "relay bye")
+			f.ends <- wsEnd{4000, "sent by relay"}
+			return
+		}
+		if err := c.Write(ctx, typ, msg); err != nil {
+			f.ends <- endOf(err)
+			return
+		}
+	}
+}
+
+// lastUpgrade returns the headers and request target of the latest upgrade.
+func (f *fakeRelay) lastUpgrade() (http.Header, string) {
+	f.t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.hdrs) == 0 {
+		f.t.Fatal("relay received no upgrade")
+	}
+	return f.hdrs[len(f.hdrs)-1], f.uris[len(f.uris)-1]
+}
+
+func (f *fakeRelay) nextEnd() wsEnd {
+	f.t.Helper()
+	select {
+	case e := <-f.ends:
+		return e
+	case <-time.After(testTimeout):
+		f.t.Fatal("relay connection did not end")
+		return wsEnd{}
+	}
+}
+
+// logSink collects the front's log lines (to check that secrets never
+// appear) and mirrors them to the test log until the test ends, so a late
+// background log line cannot panic the test binary.
+type logSink struct {
+	t    *testing.T
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	done bool
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	if !l.done && testing.Verbose() {
+		l.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// harness is one running front with its three fake upstreams.
+type harness struct {
+	t     *testing.T
+	srv   *Server
+	ln    net.Listener
+	port  int
+	addr  string // 127.0.0.1:port, the authority
+	idCfg pinning.IdentityConfig
+	id    *pinning.Identity
+	opts  Options
+	logs  *logSink
+
+	api, dash *upstream
+	relay     *fakeRelay
+
+	served chan error
+}
+
+// option adjusts a harness before the front is built.
+type option func(*harness)
+
+func withLimits(f func(*Limits)) option { return func(h *harness) { f(&h.opts.Limits) } }
+
+func withOptions(f func(*Options)) option { return func(h *harness) { f(&h.opts) } }
+
+// testLimits are the contract's limits with a probe cache long enough that
+// probe counts are exact within one test.
+func testLimits() Limits {
+	l := DefaultLimits()
+	l.ProbeInterval = time.Minute
+	l.ProbeTimeout = 5 * time.Second
+	return l
+}
+
+func newHarness(t *testing.T, opts ...option) *harness {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, ln: ln, served: make(chan error, 1)}
+	h.port = ln.Addr().(*net.TCPAddr).Port
+	h.addr = ln.Addr().String()
+	h.api, h.dash, h.relay = newAPI(t), newDashboard(t), newFakeRelay(t)
+	h.logs = &logSink{t: t}
+	h.idCfg = pinning.IdentityConfig{
+		StateDir:   t.TempDir() + "/s",
+		Authority:  pinning.Authority{Host: "127.0.0.1", Port: h.port},
+		ExtraNames: []string{extraName},
+	}
+	if h.id, err = pinning.LoadOrCreate(h.idCfg); err != nil {
+		t.Fatal(err)
+	}
+	h.opts = Options{
+		AuthorityHost: "127.0.0.1",
+		AuthorityPort: h.port,
+		ExtraNames:    []string{extraName},
+		Upstreams:     Upstreams{Relay: h.relay.url, API: h.api.url, Dashboard: h.dash.url},
+		Limits:        testLimits(),
+		Log:           zerolog.New(h.logs).Level(zerolog.DebugLevel),
+	}
+	for _, o := range opts {
+		o(h)
+	}
+	if h.srv, err = New(h.opts, h.id); err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	go func() { h.served <- h.srv.Serve(ln) }()
+	t.Cleanup(func() {
+		h.srv.Close()
+		select {
+		case <-h.served:
+		case <-time.After(testTimeout):
+			t.Error("Serve did not return after Close")
+		}
+		h.logs.mu.Lock()
+		h.logs.done = true
+		h.logs.mu.Unlock()
+	})
+	return h
+}
+
+// tlsConfig is exactly what a Hermes client uses for this front.
+func (h *harness) tlsConfig() *tls.Config {
+	return h.tlsConfigFor("127.0.0.1", h.id.Pin)
+}
+
+func (h *harness) tlsConfigFor(serverName, pin string) *tls.Config {
+	h.t.Helper()
+	cfg, err := pinning.PinnedTLSConfig(serverName, pin)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return cfg
+}
+
+func (h *harness) url(path string) string { return "https://" + h.addr + path }
+
+// client is an HTTP/1.1 pinned client that neither follows redirects nor
+// asks for or undoes compression.
+func (h *harness) client() *http.Client {
+	tr := &http.Transport{
+		TLSClientConfig:    h.tlsConfig(),
+		DisableCompression: true,
+		Proxy:              nil,
+	}
+	h.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{
+		Transport:     tr,
+		Timeout:       testTimeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// do sends req with a fresh pinned client and returns the response with its
+// whole body.
+func (h *harness) do(req *http.Request) (*http.Response, []byte) {
+	h.t.Helper()
+	resp, err := h.client().Do(req)
+	if err != nil {
+		h.t.Fatalf("%s %s: %v", req.Method, req.URL.Path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatalf("%s %s: reading body: %v", req.Method, req.URL.Path, err)
+	}
+	return resp, body
+}
+
+func (h *harness) get(path string) (*http.Response, []byte) {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodGet, h.url(path), nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return h.do(req)
+}
+
+// dialTLS opens a pinned TLS connection to the front.
+func (h *harness) dialTLS(cfg *tls.Config) (*tls.Conn, error) {
+	return h.dialTLSFrom("", cfg)
+}
+
+// dialTLSFrom is dialTLS from a chosen loopback source address.
+func (h *harness) dialTLSFrom(localIP string, cfg *tls.Config) (*tls.Conn, error) {
+	nd := &net.Dialer{Timeout: testTimeout}
+	if localIP != "" {
+		nd.LocalAddr = &net.TCPAddr{IP: net.ParseIP(localIP)}
+	}
+	d := &tls.Dialer{NetDialer: nd, Config: cfg}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	c, err := d.DialContext(ctx, "tcp", h.addr)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*tls.Conn), nil
+}
+
+// raw writes one request exactly as given over a fresh pinned TLS connection
+// and reads the response. The request must carry its own headers; raw adds
+// nothing.
+func (h *harness) raw(method, request string) (*http.Response, []byte) {
+	h.t.Helper()
+	return h.rawFrom("", method, request)
+}
+
+func (h *harness) rawFrom(localIP, method, request string) (*http.Response, []byte) {
+	h.t.Helper()
+	c, err := h.dialTLSFrom(localIP, h.tlsConfig())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(testTimeout))
+	if _, err := io.WriteString(c, request); err != nil {
+		h.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+	if err != nil {
+		h.t.Fatalf("reading response to %q: %v", firstLine(request), err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body
+}
+
+// rawReq sends "METHOD target HTTP/1.1" with the authority as Host, the
+// given extra header lines and Connection: close.
+func (h *harness) rawReq(method, target string, headers ...string) (*http.Response, []byte) {
+	h.t.Helper()
+	return h.rawReqFrom("", method, target, headers...)
+}
+
+func (h *harness) rawReqFrom(localIP, method, target string, headers ...string) (*http.Response, []byte) {
+	h.t.Helper()
+	var b strings.Builder
+	b.WriteString(method + " " + target + " HTTP/1.1\r\n")
+	hasHost := false
+	for _, l := range headers {
+		if strings.HasPrefix(strings.ToLower(l), "host:") {
+			hasHost = true
+		}
+	}
+	if !hasHost {
+		b.WriteString("Host: " + h.addr + "\r\n")
+	}
+	for _, l := range headers {
+		b.WriteString(l + "\r\n")
+	}
+	b.WriteString("Connection: close\r\n\r\n")
+	return h.rawFrom(localIP, method, b.String())
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\r\n")
+	return l
+}
+
+// wsClient is a pinned HTTP/1.1 client for WebSocket dials; localIP binds the
+// client's source address (127.0.0.2 is a second loopback source).
+func (h *harness) wsClient(localIP string) *http.Client {
+	return h.wsClientVia(localIP, "")
+}
+
+// wsClientVia dials via instead of the URL's address when set (another
+// listener of the same front, reached under the authority's name).
+func (h *harness) wsClientVia(localIP, via string) *http.Client {
+	d := &net.Dialer{Timeout: testTimeout}
+	if localIP != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(localIP)}
+	}
+	dial := d.DialContext
+	if via != "" {
+		dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, via)
+		}
+	}
+	tr := &http.Transport{TLSClientConfig: h.tlsConfig(), DialContext: dial, DisableKeepAlives: true}
+	return &http.Client{Transport: tr}
+}
+
+// wsOpts are the optional parts of a client WebSocket dial.
+type wsOpts struct {
+	localIP string
+	via     string // dial this address instead (see wsClientVia)
+	header  http.Header
+	protos  []string
+}
+
+// dialWS opens a WebSocket through the front (wss://authority/path).
+func (h *harness) dialWS(path, localIP string) (*websocket.Conn, *http.Response, error) {
+	return h.dialWSWith(path, wsOpts{localIP: localIP})
+}
+
+func (h *harness) dialWSWith(path string, o wsOpts) (*websocket.Conn, *http.Response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, "wss://"+h.addr+path, &websocket.DialOptions{
+		HTTPClient:   h.wsClientVia(o.localIP, o.via),
+		HTTPHeader:   o.header,
+		Subprotocols: o.protos,
+	})
+	if c != nil {
+		c.SetReadLimit(16 << 20)
+		h.t.Cleanup(func() { c.CloseNow() })
+	}
+	return c, resp, err
+}
+
+func (h *harness) mustDialWS(path, localIP string) *websocket.Conn {
+	h.t.Helper()
+	c, resp, err := h.dialWS(path, localIP)
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		h.t.Fatalf("dial %s: %v (status %d)", path, err, status)
+	}
+	return c
+}
+
+func wsSend(t *testing.T, c *websocket.Conn, typ websocket.MessageType, msg []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if err := c.Write(ctx, typ, msg); err != nil {
+		t.Fatalf("websocket write: %v", err)
+	}
+}
+
+func wsRead(c *websocket.Conn) (websocket.MessageType, []byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	return c.Read(ctx)
+}
+
+// authenticate sends the first-frame auth and returns the verdict text.
+func authenticate(t *testing.T, c *websocket.Conn, code string) string {
+	t.Helper()
+	wsSend(t, c, websocket.MessageText, authFrame(code))
+	_, msg, err := wsRead(c)
+	if err != nil {
+		t.Fatalf("reading auth verdict: %v", err)
+	}
+	return string(msg)
+}
+
+// closedURL is an http:// loopback URL where nothing listens.
+func closedURL(t *testing.T) *url.URL {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return &url.URL{Scheme: "http", Host: addr}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func wantStatus(t *testing.T, what string, resp *http.Response, want int) {
+	t.Helper()
+	if resp.StatusCode != want {
+		t.Fatalf("%s: status %d, want %d", what, resp.StatusCode, want)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,336 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+func TestUnknownSNIFailsHandshakeAndIsCounted(t *testing.T) {
+	h := newHarness(t)
+	for i, name := range []string{"evil.example", "front.example.evil", "localhost"} {
+		cfg := h.tlsConfig()
+		cfg.ServerName = name
+		c, err := h.dialTLS(cfg)
+		if err == nil {
+			c.Close()
+			t.Fatalf("SNI %q: handshake succeeded", name)
+		}
+		if !strings.Contains(err.Error(), "unrecognized name") {
+			t.Errorf("SNI %q: error %v, want an unrecognized_name alert", name, err)
+		}
+		if got := h.srv.SNIRejected(); got != uint64(i+1) {
+			t.Errorf("after SNI %q: SNIRejected = %d, want %d", name, got, i+1)
+		}
+	}
+}
+
+func TestEmptySNIAccepted(t *testing.T) {
+	h := newHarness(t)
+	// An IP server name makes Go send no SNI, like Hermes clients of an IP
+	// authority.
+	c, err := h.dialTLS(h.tlsConfig())
+	if err != nil {
+		t.Fatalf("no-SNI handshake: %v", err)
+	}
+	c.Close()
+	resp, _ := h.get("/relay/health")
+	wantStatus(t, "health without SNI", resp, 200)
+	if h.srv.SNIRejected() != 0 {
+		t.Fatal("an empty SNI was counted as rejected")
+	}
+}
+
+func TestExtraNameSNIAccepted(t *testing.T) {
+	h := newHarness(t)
+	for _, name := range []string{extraName, "FRONT.Example"} {
+		cfg := h.tlsConfigFor(extraName, h.id.Pin)
+		cfg.ServerName = name
+		c, err := h.dialTLS(cfg)
+		if err != nil {
+			t.Fatalf("SNI %q: %v", name, err)
+		}
+		if _, err := io.WriteString(c, "GET /relay/health HTTP/1.1\r\nHost: "+extraName+"\r\nConnection: close\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantStatus(t, "health via extra name", resp, 200)
+		c.Close()
+	}
+	if h.srv.SNIRejected() != 0 {
+		t.Fatal("an extra name SNI was counted as rejected")
+	}
+}
+
+func TestWrongPinFailsOnTheClient(t *testing.T) {
+	h := newHarness(t)
+	other := "sha256/" + strings.Repeat("A", 43) + "="
+	if _, err := h.dialTLS(h.tlsConfigFor("127.0.0.1", other)); err == nil {
+		t.Fatal("a client pinned to another key completed the handshake")
+	}
+}
+
+func TestTLSMinimumVersionIs12(t *testing.T) {
+	h := newHarness(t)
+	if v := h.srv.TLSConfig().MinVersion; v < tls.VersionTLS12 {
+		t.Fatalf("server MinVersion %x", v)
+	}
+	cfg := h.tlsConfig()
+	cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS10, tls.VersionTLS11
+	c, err := h.dialTLS(cfg)
+	if err == nil {
+		c.Close()
+		t.Fatal("a TLS 1.1 client completed the handshake")
+	}
+	// The refusal must come from the front (a remote alert), not from the
+	// client declining to offer TLS 1.1.
+	if !strings.Contains(err.Error(), "remote error") || !strings.Contains(err.Error(), "protocol version") {
+		t.Fatalf("TLS 1.1 client: %v, want the front's protocol_version alert", err)
+	}
+	cfg = h.tlsConfig()
+	cfg.MaxVersion = tls.VersionTLS12
+	c, err = h.dialTLS(cfg)
+	if err != nil {
+		t.Fatalf("TLS 1.2 client: %v", err)
+	}
+	defer c.Close()
+	if v := c.ConnectionState().Version; v != tls.VersionTLS12 {
+		t.Fatalf("negotiated %x, want TLS 1.2", v)
+	}
+}
+
+func TestALPNOffersH2AndHTTP11(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		offer []string
+		want  string
+	}{
+		{[]string{"h2", "http/1.1"}, "h2"},
+		{[]string{"http/1.1"}, "http/1.1"},
+		{[]string{"h2"}, "h2"},
+	} {
+		cfg := h.tlsConfig()
+		cfg.NextProtos = tc.offer
+		c, err := h.dialTLS(cfg)
+		if err != nil {
+			t.Fatalf("offer %v: %v", tc.offer, err)
+		}
+		if got := c.ConnectionState().NegotiatedProtocol; got != tc.want {
+			t.Errorf("offer %v: negotiated %q, want %q", tc.offer, got, tc.want)
+		}
+		c.Close()
+	}
+}
+
+func TestHTTP2GetWorks(t *testing.T) {
+	h := newHarness(t)
+	tr := &http.Transport{TLSClientConfig: h.tlsConfig(), ForceAttemptHTTP2: true, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: testTimeout}
+	for _, p := range []string{"/relay/health", "/api/v1/x?y=%2F", "/dashboard/page"} {
+		resp, err := cl.Get(h.url(p))
+		if err != nil {
+			t.Fatalf("GET %s over h2: %v", p, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("GET %s: protocol %s, want HTTP/2", p, resp.Proto)
+		}
+		wantStatus(t, "h2 GET "+p, resp, 200)
+	}
+	if got := h.api.last(); got.RequestURI != "/v1/x?y=%2F" || got.Proto != "HTTP/1.1" {
+		t.Fatalf("API got %s %q", got.Proto, got.RequestURI)
+	}
+}
+
+// HTTP/2 extended CONNECT (RFC 8441) must stay off: the server's SETTINGS
+// frame must not enable it.
+func TestHTTP2ExtendedConnectNotAdvertised(t *testing.T) {
+	h := newHarness(t)
+	cfg := h.tlsConfig()
+	cfg.NextProtos = []string{"h2"}
+	c, err := h.dialTLS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if p := c.ConnectionState().NegotiatedProtocol; p != "h2" {
+		t.Fatalf("negotiated %q", p)
+	}
+	c.SetDeadline(time.Now().Add(testTimeout))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading server frames: %v", err)
+		}
+		sf, ok := f.(*http2.SettingsFrame)
+		if !ok || sf.IsAck() {
+			continue
+		}
+		seen := 0
+		err = sf.ForeachSetting(func(s http2.Setting) error {
+			seen++
+			if s.ID == http2.SettingEnableConnectProtocol && s.Val != 0 {
+				return errors.New("SETTINGS_ENABLE_CONNECT_PROTOCOL is on")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen == 0 {
+			t.Fatal("server SETTINGS frame is empty; nothing was checked")
+		}
+		return
+	}
+}
+
+// A client that never finishes its TLS handshake is dropped: net/http derives
+// the handshake deadline from ReadHeaderTimeout.
+func TestStalledTLSHandshakeIsDropped(t *testing.T) {
+	h := newHarness(t, withLimits(func(l *Limits) { l.ReadHeaderTimeout = 300 * time.Millisecond }))
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(testTimeout))
+	_, err = c.Read(make([]byte, 1))
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the front kept a connection without a TLS handshake open")
+	}
+}
+
+func TestStalledRequestHeadersAreDropped(t *testing.T) {
+	h := newHarness(t, withLimits(func(l *Limits) { l.ReadHeaderTimeout = 300 * time.Millisecond }))
+	c, err := h.dialTLS(h.tlsConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /relay/health HTTP/1.1\r\nHost: "+h.addr+"\r\n")
+	c.SetReadDeadline(time.Now().Add(testTimeout))
+	_, err = io.ReadAll(c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the front kept a connection with unfinished headers open")
+	}
+}
+
+func TestHTTP2PolicyMatchesHTTP1(t *testing.T) {
+	h := newHarness(t)
+	tr := &http.Transport{TLSClientConfig: h.tlsConfig(), ForceAttemptHTTP2: true, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: testTimeout}
+	do := func(req *http.Request) *http.Response {
+		t.Helper()
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("not HTTP/2: %s", resp.Proto)
+		}
+		return resp
+	}
+	req, _ := http.NewRequest("GET", h.url("/api/x"), nil)
+	req.Host = "evil.example"
+	wantStatus(t, "h2 hostile :authority", do(req), http.StatusMisdirectedRequest)
+
+	req, _ = http.NewRequest("GET", h.url("/api/x"), nil)
+	req.Header.Set("Cookie", "c=1")
+	req.Header.Set("Authorization", "Bearer k")
+	wantStatus(t, "h2 API", do(req), 200)
+	if got := h.api.last(); got.Header.Get("Cookie") != "" || got.Header.Get("Authorization") != "Bearer k" {
+		t.Fatalf("h2 API headers %v", got.Header)
+	}
+
+	req, _ = http.NewRequest("POST", h.url("/api/upload"), &zeroReader{maxBody + 1})
+	req.ContentLength = maxBody + 1
+	wantStatus(t, "h2 declared oversize body", do(req), http.StatusRequestEntityTooLarge)
+
+	req, _ = http.NewRequest("POST", h.url("/api/upload"), &zeroReader{maxBody})
+	req.ContentLength = -1
+	wantStatus(t, "h2 streamed body of exactly the limit", do(req), 200)
+	if got := h.api.last(); got.BodyLen != maxBody {
+		t.Fatalf("h2 upload: upstream read %d bytes", got.BodyLen)
+	}
+
+	req, _ = http.NewRequest("TRACE", h.url("/api/x"), nil)
+	wantStatus(t, "h2 TRACE", do(req), http.StatusMethodNotAllowed)
+}
+
+func TestHTTP2OversizeStreamedResponseIsReset(t *testing.T) {
+	h := limitedResponse(newHarness(t, withLimits(func(l *Limits) { l.MaxResponseBody = maxResp })))
+	tr := &http.Transport{TLSClientConfig: h.tlsConfig(), ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: testTimeout}
+	resp, err := cl.Get(h.url("/api/big?n=" + strconv.Itoa(maxResp+1)))
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("not HTTP/2: %s", resp.Proto)
+	}
+	if n, err := io.Copy(io.Discard, resp.Body); err == nil {
+		t.Fatalf("an oversize h2 response completed normally (%d bytes)", n)
+	}
+	// The connection survives the reset of one stream.
+	resp2, err := cl.Get(h.url("/relay/health"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	wantStatus(t, "health on the same h2 connection", resp2, 200)
+}
+
+func TestIdleKeepAliveConnectionIsClosed(t *testing.T) {
+	h := newHarness(t, withLimits(func(l *Limits) { l.IdleTimeout = 300 * time.Millisecond }))
+	c, err := h.dialTLS(h.tlsConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(testTimeout))
+	io.WriteString(c, "GET /relay/health HTTP/1.1\r\nHost: "+h.addr+"\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	wantStatus(t, "keep-alive request", resp, 200)
+	if resp.Close {
+		t.Fatal("the front closed a keep-alive connection after one request")
+	}
+	_, err = br.ReadByte()
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("an idle keep-alive connection was never closed")
+	}
+}

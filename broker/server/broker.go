@@ -1,0 +1,641 @@
+// Package server is the Reach rendezvous broker (spec/reach.md): it
+// authenticates host and client registrations, matches clients to hosts,
+// and relays the opaque bytes of each stream between the client's socket and
+// the host's multiplexed socket, with the plain-v1 flow control of the spec.
+//
+// The core is transport-agnostic: Broker.Serve takes a MessageConn (one
+// WebSocket as read/write of typed messages), so unit tests drive it over
+// in-memory pipes and the HTTP handler in http.go only upgrades and adapts.
+//
+// Concurrency rules, which keep one slow or hostile peer from stalling the
+// others:
+//   - Broker.mu guards the global tables (hosts online, credentials, replay
+//     and closed-id tables, per-route counts); hostSession.mu guards one
+//     host's streams and queues. Order: Broker.mu before hostSession.mu;
+//     the queue budget's lock is a leaf.
+//   - No network write, close handshake or state-file write happens while
+//     holding either lock. Every peer has its own writer goroutine; each
+//     write carries a deadline.
+//   - Readers are the only goroutines that wait for queue space, and they
+//     wait without locks, so backpressure reaches exactly the producer that
+//     caused it.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
+)
+
+// Broker is one running rendezvous broker. Create it with New, serve
+// sockets with Serve (or Handler / ListenAndServe), stop it with Close.
+type Broker struct {
+	cfg Config
+	log zerolog.Logger
+
+	ctx    context.Context // ends when Close gives up waiting for sessions
+	cancel context.CancelFunc
+
+	bgCancel context.CancelFunc
+	bg       sync.WaitGroup
+	sessions sync.WaitGroup
+
+	persist *store.Persister
+	budget  budget
+	limiter *rateLimiter
+	dummy   wire.Digest // compared against when a host_id is unknown
+
+	mu        sync.Mutex
+	hostKeys  store.Hosts
+	hosts     map[wire.ID]*hostSession
+	state     *store.State
+	replay    *store.Table[wire.ID, struct{}] // connection ids, Unix seconds
+	closedIDs *store.Table[wire.ID, wire.ID]  // stream id → owner's connection id, Unix ns
+	routeLive map[wire.Digest]int
+	live      int
+	closing   bool
+	pending   map[MessageConn]struct{} // sockets that have not registered yet
+
+	statsMu sync.Mutex
+	stats   map[string]int64
+
+	closeOnce sync.Once
+}
+
+// New loads the hosts file and the state file and starts the background
+// work (state writes, sweeping). The state file's directory must exist and
+// be writable by this process.
+func New(cfg Config, log zerolog.Logger) (*Broker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	hosts, err := store.LoadHosts(cfg.HostsFile)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w (create it with `securelink broker add-host`)", err)
+	}
+	if err := atomicfile.CheckWriter(filepath.Dir(cfg.StateFile)); err != nil {
+		return nil, fmt.Errorf("broker: state_file: %w", err)
+	}
+	snap, err := store.LoadState(cfg.StateFile)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	state, dropped := store.Restore(snap, hosts, cfg.TableEntries, cfg.MaxCredentialsPerHost, cfg.now())
+	if dropped > 0 {
+		log.Warn().Int("dropped", dropped).Msg("state file holds more entries than the configured bounds; the excess was dropped")
+	}
+	if len(hosts) > cfg.MaxHosts {
+		log.Warn().Int("hosts", len(hosts)).Int("max_hosts", cfg.MaxHosts).Msg("hosts file lists more hosts than may be online at once")
+	}
+	b := &Broker{
+		cfg:       cfg,
+		log:       log,
+		budget:    budget{max: cfg.MaxQueueBytes},
+		limiter:   newRateLimiter(cfg.AttemptsPerMinute, cfg.MaxRateSources),
+		dummy:     wire.TokenDigest(string(wire.NewToken())),
+		hostKeys:  hosts,
+		hosts:     map[wire.ID]*hostSession{},
+		state:     state,
+		replay:    store.NewTable[wire.ID, struct{}](cfg.TableEntries),
+		closedIDs: store.NewTable[wire.ID, wire.ID](cfg.TableEntries),
+		routeLive: map[wire.Digest]int{},
+		pending:   map[MessageConn]struct{}{},
+		stats:     map[string]int64{},
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	var bgCtx context.Context
+	bgCtx, b.bgCancel = context.WithCancel(context.Background())
+	b.persist = store.NewPersister(cfg.StateFile, b.snapshot, log)
+	b.bg.Add(2)
+	go func() { defer b.bg.Done(); b.persist.Run(bgCtx) }()
+	go func() { defer b.bg.Done(); b.janitor(bgCtx) }()
+	creds, consumed, revoked := state.Len()
+	log.Info().Int("hosts", len(hosts)).Int("credentials", creds).Int("consumed", consumed).
+		Int("revoked", revoked).Msg("reach broker state loaded")
+	return b, nil
+}
+
+// snapshot copies the state under the lock; the persister encodes and
+// writes it outside.
+func (b *Broker) snapshot() []byte {
+	b.mu.Lock()
+	snap := b.state.Snapshot(b.cfg.now())
+	b.mu.Unlock()
+	return snap.Marshal()
+}
+
+func (b *Broker) janitor(ctx context.Context) {
+	t := time.NewTicker(b.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := b.cfg.now()
+		b.mu.Lock()
+		changed := b.state.Sweep(now)
+		b.replay.Sweep(now.Unix())
+		b.closedIDs.Sweep(time.Now().UnixNano())
+		b.mu.Unlock()
+		if changed {
+			b.persist.Mark()
+		}
+		b.limiter.sweep(time.Now())
+	}
+}
+
+// Serve runs one socket until it ends: it reads the registration and then
+// runs the host registration or the client stream. It returns after the
+// socket is closed and every goroutine it started has finished.
+func (b *Broker) Serve(ctx context.Context, c MessageConn) {
+	if !b.enter(c) {
+		c.Close(wire.CloseGoingAway, "shutting down")
+		return
+	}
+	defer b.leave(c)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(b.ctx, cancel)
+	defer stop()
+
+	c.SetReadLimit(wire.MaxControlBytes + 1)
+	reg, ok := b.readRegister(ctx, c)
+	if !ok {
+		return
+	}
+	if reg.Role == wire.RoleHost {
+		b.serveHost(ctx, c, reg)
+	} else {
+		b.serveClient(ctx, c, reg)
+	}
+}
+
+func (b *Broker) enter(c MessageConn) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closing {
+		return false
+	}
+	b.sessions.Add(1)
+	b.pending[c] = struct{}{}
+	return true
+}
+
+func (b *Broker) leave(c MessageConn) {
+	b.mu.Lock()
+	delete(b.pending, c)
+	b.mu.Unlock()
+	b.sessions.Done()
+}
+
+// readRegister reads the first message. The 10 s limit is a timer that
+// answers `unauthorized` and closes while Read is still blocked, because a
+// transport may cut the socket when a read's context ends and the error
+// could then not be sent.
+func (b *Broker) readRegister(ctx context.Context, c MessageConn) (wire.Register, bool) {
+	fired := make(chan struct{})
+	t := time.AfterFunc(b.cfg.RegisterTimeout, func() {
+		defer close(fired)
+		b.refuse(c, &wire.Error{Code: wire.CodeUnauthorized, Detail: "no registration within the timeout"})
+	})
+	typ, data, err := c.Read(ctx)
+	if !t.Stop() {
+		<-fired
+		return wire.Register{}, false
+	}
+	if err != nil {
+		if errors.Is(err, ErrTooBig) {
+			b.count("refused:too_big")
+			c.Close(wire.CloseTooBig, "")
+		} else {
+			c.Close(wire.CloseGoingAway, "")
+		}
+		return wire.Register{}, false
+	}
+	if typ != Text {
+		b.refuse(c, &wire.Error{Code: wire.CodeUnauthorized, Detail: "registration is not a text message"})
+		return wire.Register{}, false
+	}
+	reg, err := wire.ParseRegister(data)
+	if err != nil {
+		b.refuse(c, err)
+		return wire.Register{}, false
+	}
+	return reg, true
+}
+
+// refuse answers a registration error and closes with 1008.
+func (b *Broker) refuse(c MessageConn, err error) {
+	code := wire.CodeUnauthorized
+	var we *wire.Error
+	if errors.As(err, &we) && we.Code.Known() {
+		code = we.Code
+	}
+	b.count("refused:" + string(code))
+	ev := b.log.Debug().Str("remote", c.RemoteAddr()).Str("code", string(code))
+	if we != nil && we.Detail != "" {
+		ev = ev.Str("why", we.Detail)
+	}
+	ev.Msg("registration refused")
+	msg, _ := wire.Marshal(wire.ErrorMsg{Code: code})
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.WriteTimeout)
+	c.Write(ctx, Text, msg)
+	cancel()
+	c.Close(wire.ClosePolicy, "")
+}
+
+// registered is the plain-v1 answer to a host registration.
+var registered, _ = wire.Marshal(wire.Registered{})
+
+// serveHost authenticates a host and runs its registration.
+func (b *Broker) serveHost(ctx context.Context, c MessageConn, reg wire.Register) {
+	h, err := b.registerHost(ctx, c, reg)
+	if err != nil {
+		if errors.Is(err, errShuttingDown) {
+			c.Close(wire.CloseGoingAway, "shutting down")
+			return
+		}
+		b.refuse(c, err)
+		return
+	}
+	b.count("host:registered")
+	h.log.Info().Str("remote", c.RemoteAddr()).Msg("host registered")
+	c.SetReadLimit(wire.MaxHostFrameIn)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); h.writeLoop() }()
+	go func() {
+		defer wg.Done()
+		b.keepalive(ctx, c, &h.pause, h.done, func() {
+			b.count("host:ping_timeout")
+			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "ping timeout", cancel: true})
+		})
+	}()
+	h.readLoop(ctx)
+	wg.Wait()
+	h.releaseQueues()
+	h.log.Info().Int("close_code", h.end.code).Str("reason", h.end.reason).Msg("host registration ended")
+}
+
+var errShuttingDown = errors.New("broker is shutting down")
+
+func (b *Broker) registerHost(ctx context.Context, c MessageConn, reg wire.Register) (*hostSession, error) {
+	d := wire.TokenDigest(string(reg.Token))
+	now := b.cfg.now().Unix()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closing {
+		return nil, errShuttingDown
+	}
+	want, known := b.hostKeys[reg.HostID]
+	if !known {
+		want = b.dummy // same work whether or not the host exists
+	}
+	if ok := want.Equal(d); !ok || !known {
+		return nil, &wire.Error{Code: wire.CodeUnauthorized, Detail: "unknown host or wrong host token"}
+	}
+	if b.replay.Contains(reg.ConnectionID, now) {
+		return nil, &wire.Error{Code: wire.CodeReplayed, Detail: "connection_id already used"}
+	}
+	old := b.hosts[reg.HostID]
+	if old == nil && len(b.hosts) >= b.cfg.MaxHosts {
+		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "max_hosts online"}
+	}
+	if !b.replay.Add(reg.ConnectionID, struct{}{}, now+int64(wire.ReplayMinTTL/time.Second), now) {
+		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay table full"}
+	}
+	h := b.newHostSession(ctx, c, reg, d)
+	if old != nil {
+		b.count("host:replaced")
+		old.log.Info().Msg("host registration replaced by a newer one")
+		b.endHostLocked(old, hostEnd{code: wire.CloseNormal, reason: wire.CloseReasonReplaced, cancel: true})
+	}
+	b.hosts[reg.HostID] = h
+	delete(b.pending, c)
+	return h, nil
+}
+
+// serveClient matches a client to its host and relays its stream.
+func (b *Broker) serveClient(ctx context.Context, c MessageConn, reg wire.Register) {
+	s, gen, err := b.match(ctx, c, reg)
+	if err != nil {
+		if errors.Is(err, errShuttingDown) {
+			c.Close(wire.CloseGoingAway, "shutting down")
+			return
+		}
+		b.refuse(c, err)
+		return
+	}
+	b.count("stream:matched")
+	s.log.Debug().Str("remote", c.RemoteAddr()).Str("kind", string(s.kind)).Msg("stream matched")
+	if gen != 0 {
+		// A consumed bootstrap must be on disk before the stream carries
+		// a byte, so a restart cannot accept the token again.
+		s.pause.enter()
+		b.persist.Wait(ctx, gen)
+		s.pause.leave()
+	}
+	c.SetReadLimit(wire.MaxClientFrame + 1)
+	s.run(ctx)
+}
+
+// match applies the spec's matching order and, on success, creates the
+// stream, queues `open` for the host and returns the persist generation a
+// consumed bootstrap must wait for.
+func (b *Broker) match(ctx context.Context, c MessageConn, reg wire.Register) (*stream, uint64, error) {
+	now := b.cfg.now()
+	sec := now.Unix()
+	d := wire.TokenDigest(string(reg.Token))
+	fail := func(code wire.Code, detail string) (*stream, uint64, error) {
+		return nil, 0, &wire.Error{Code: code, Detail: detail}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closing {
+		return nil, 0, errShuttingDown
+	}
+	if b.replay.Contains(reg.ConnectionID, sec) {
+		return fail(wire.CodeReplayed, "connection_id already used")
+	}
+	if b.state.IsConsumed(d, now) {
+		return fail(wire.CodeReplayed, "bootstrap token already consumed")
+	}
+	if b.state.IsRevoked(d, now) {
+		return fail(wire.CodeRevoked, "credential revoked")
+	}
+	cred, known := b.state.Lookup(d)
+	if known && cred.ExpiresAt <= sec {
+		return fail(wire.CodeExpired, "credential expired")
+	}
+	if !known || cred.HostID != reg.HostID || cred.Kind != reg.CredentialKind {
+		return fail(wire.CodeUnauthorized, "unknown credential, other host or wrong kind")
+	}
+	if cred.Kind == wire.KindRoute && b.routeLive[d] >= b.cfg.MaxStreamsPerRoute {
+		return fail(wire.CodeHostBusy, "route credential at max_streams_per_route")
+	}
+	h := b.hosts[reg.HostID]
+	if h == nil {
+		return fail(wire.CodeHostOffline, "host not online")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.end != nil {
+		return fail(wire.CodeHostOffline, "host registration ending")
+	}
+	if len(h.streams) >= b.cfg.MaxStreamsPerHost {
+		return fail(wire.CodeHostBusy, "host at max_streams_per_host")
+	}
+	if len(h.ctrl)-h.replies >= 2*b.cfg.MaxStreamsPerHost {
+		// The host does not read its `open` messages: its queue of them
+		// stays bounded, and the client is told the host is busy.
+		return fail(wire.CodeHostBusy, "host does not read its open messages")
+	}
+	nowNano := time.Now().UnixNano()
+	if b.replay.Room(sec) < 1 || b.closedIDs.Room(nowNano) <= b.live ||
+		(cred.Kind == wire.KindBootstrap && !b.state.CanConsume(now)) {
+		return fail(wire.CodeQuotaExceeded, "a tracking table is full")
+	}
+	replayUntil := max(cred.ExpiresAt, sec+int64(wire.ReplayMinTTL/time.Second))
+	b.replay.Add(reg.ConnectionID, struct{}{}, replayUntil, sec)
+	var gen uint64
+	if cred.Kind == wire.KindBootstrap {
+		b.state.Consume(d, now)
+		gen = b.persist.Mark()
+	} else {
+		b.routeLive[d]++
+	}
+	id := wire.NewID()
+	for h.streams[id] != nil || b.closedIDs.Contains(id, nowNano) {
+		id = wire.NewID()
+	}
+	s := b.newStream(id, h, c, cred)
+	h.streams[id] = s
+	b.live++
+	delete(b.pending, c) // from now on the host's end closes it
+	open, _ := wire.Marshal(wire.Open{StreamID: id, HostConnectionID: h.connID})
+	h.ctrl = append(h.ctrl, ctrlItem{msg: open})
+	signal(h.wake)
+	return s, gen, nil
+}
+
+// endStream decides how stream s ends; the stream's writer carries it out.
+// It is idempotent: the first decision wins.
+func (b *Broker) endStream(s *stream, e streamEnd) {
+	b.mu.Lock()
+	s.h.mu.Lock()
+	b.endStreamLocked(s, e)
+	s.h.mu.Unlock()
+	b.mu.Unlock()
+}
+
+// endStreamLocked needs b.mu and s.h.mu. It removes s from its host's live
+// streams, remembers the id as closed by this registration (so late frames
+// for it are dropped, not fatal), releases what will not be delivered, and
+// wakes the writers that finish the job.
+func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
+	if s.end != nil {
+		return false
+	}
+	h := s.h
+	s.end = &e
+	close(s.done)
+	if h.streams[s.id] == s {
+		delete(h.streams, s.id)
+	}
+	until := time.Now().Add(max(b.cfg.IdleTimeout, 2*b.cfg.PongTimeout)).UnixNano()
+	if !b.closedIDs.Add(s.id, h.connID, until, time.Now().UnixNano()) {
+		b.log.Warn().Msg("closed-stream table full; late frames for this stream will end the host registration")
+	}
+	b.live--
+	if s.kind == wire.KindRoute {
+		if b.routeLive[s.digest]--; b.routeLive[s.digest] <= 0 {
+			delete(b.routeLive, s.digest)
+		}
+	}
+	if !e.toHost || e.dropUp {
+		h.dropUp(s)
+	}
+	if e.toHost {
+		s.upClose = true
+		if !s.inRR {
+			s.inRR = true
+			h.rr = append(h.rr, s)
+		}
+		signal(h.wake)
+	}
+	if !e.flush {
+		b.budget.release(s.downBytes)
+		s.down, s.downBytes = nil, 0
+	}
+	if e.cancel && s.writeCancel != nil {
+		s.writeCancel()
+	}
+	signal(s.downWake)
+	if e.stat != "" {
+		b.count("stream:" + e.stat)
+	}
+	return true
+}
+
+// endHost decides how host registration h ends; its writer carries it out.
+func (b *Broker) endHost(h *hostSession, e hostEnd) {
+	b.mu.Lock()
+	b.endHostLocked(h, e)
+	b.mu.Unlock()
+}
+
+// endHostLocked needs b.mu. The host leaves the online table (unless a
+// newer registration already took its place) and every stream it carried
+// ends: clients get what the host already sent, then 1001.
+func (b *Broker) endHostLocked(h *hostSession, e hostEnd) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.end != nil {
+		return
+	}
+	if b.hosts[h.id] == h {
+		delete(b.hosts, h.id)
+	}
+	ids := make([]wire.ID, 0, len(h.streams))
+	for id := range h.streams {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return string(ids[i][:]) < string(ids[j][:]) })
+	for _, id := range ids {
+		s := h.streams[id]
+		if e.closeStreams {
+			e.closeFrames = append(e.closeFrames, wire.AppendClose(nil, id))
+		}
+		b.endStreamLocked(s, streamEnd{code: wire.CloseGoingAway, reason: "host offline", flush: true})
+	}
+	if e.closeStreams {
+		// Streams that ended before but whose CLOSE is still queued.
+		for _, s := range h.rr {
+			if s.upClose {
+				e.closeFrames = append(e.closeFrames, wire.AppendClose(nil, s.id))
+			}
+		}
+	}
+	h.end = &e
+	close(h.done)
+	if e.cancel {
+		h.writeCancel()
+	}
+	signal(h.wake)
+}
+
+// Close stops the broker: new sockets are refused, every host gets CLOSE
+// for its streams and close 1001, every client 1001 after the bytes its
+// host already sent. It waits up to ShutdownGrace for the close handshakes,
+// then cuts what remains, and writes the state file a last time.
+func (b *Broker) Close() {
+	b.closeOnce.Do(func() {
+		b.mu.Lock()
+		b.closing = true
+		for _, h := range b.hosts {
+			b.endHostLocked(h, hostEnd{code: wire.CloseGoingAway, reason: "shutting down", flushCtrl: true, closeStreams: true})
+		}
+		pending := make([]MessageConn, 0, len(b.pending))
+		for c := range b.pending {
+			pending = append(pending, c)
+		}
+		b.mu.Unlock()
+		var closers sync.WaitGroup
+		for _, c := range pending {
+			closers.Add(1)
+			go func() { defer closers.Done(); c.Close(wire.CloseGoingAway, "shutting down") }()
+		}
+		done := make(chan struct{})
+		go func() { b.sessions.Wait(); closers.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(b.cfg.ShutdownGrace):
+			b.log.Warn().Msg("sockets did not finish closing within the shutdown grace; cutting them")
+			b.cancel()
+			<-done
+		}
+		b.cancel()
+		b.bgCancel()
+		b.bg.Wait()
+	})
+}
+
+// ReloadHosts re-reads the hosts file (SIGHUP). A host that was removed, or
+// whose token digest changed, loses its registration with `revoked`, and the
+// credentials of removed hosts are dropped. On a read or parse error the
+// old list stays in force.
+func (b *Broker) ReloadHosts() error {
+	hosts, err := store.LoadHosts(b.cfg.HostsFile)
+	if err != nil {
+		return fmt.Errorf("broker: reload: %w", err)
+	}
+	b.mu.Lock()
+	b.hostKeys = hosts
+	revoked := 0
+	for id, h := range b.hosts {
+		if d, ok := hosts[id]; !ok || !d.Equal(h.tokenDigest) {
+			revoked++
+			b.count("host:revoked")
+			b.endHostLocked(h, hostEnd{code: wire.ClosePolicy, reason: wire.CloseReasonRevoked, errMsg: wire.CodeRevoked, cancel: true})
+		}
+	}
+	dropped := b.state.RetainHosts(hosts)
+	b.mu.Unlock()
+	if dropped > 0 {
+		b.persist.Mark()
+	}
+	b.log.Info().Int("hosts", len(hosts)).Int("registrations_revoked", revoked).Int("credentials_dropped", dropped).Msg("hosts file reloaded")
+	return nil
+}
+
+// Stats is a snapshot of the broker's gauges and counted outcomes.
+type Stats struct {
+	HostsOnline   int
+	ActiveStreams int
+	QueuedBytes   int64
+	// Counts holds counted outcomes by label, e.g. "refused:host_busy",
+	// "stream:slow_consumer", "host:replaced", "drop:closed_stream".
+	Counts map[string]int64
+}
+
+// Stats reports the current gauges and counters.
+func (b *Broker) Stats() Stats {
+	b.mu.Lock()
+	st := Stats{HostsOnline: len(b.hosts), ActiveStreams: b.live}
+	b.mu.Unlock()
+	st.QueuedBytes = b.budget.inUse()
+	b.statsMu.Lock()
+	st.Counts = make(map[string]int64, len(b.stats))
+	for k, v := range b.stats {
+		st.Counts[k] = v
+	}
+	b.statsMu.Unlock()
+	return st
+}
+
+func (b *Broker) count(label string) {
+	b.statsMu.Lock()
+	b.stats[label]++
+	b.statsMu.Unlock()
+}
+
+// hostLabel hashes a host_id for logs: ids are locators, not secrets, but
+// logs shipped elsewhere need not list which hosts a broker serves.
+func hostLabel(id wire.ID) string {
+	sum := sha256.Sum256(id[:])
+	return base64.RawURLEncoding.EncodeToString(sum[:6])
+}

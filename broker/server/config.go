@@ -1,0 +1,461 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// Config is the broker's configuration. The operator sets the first group
+// through the YAML file (LoadConfig); the rest are protocol limits and
+// timers with the spec's defaults, kept as fields so tests can shorten them.
+type Config struct {
+	// Listen is the TCP address of the HTTPS/WSS endpoint. Default ":9444".
+	Listen string
+	// TLSCertFile and TLSKeyFile are the PEM certificate chain and key.
+	// Required unless InsecurePlaintext.
+	TLSCertFile string
+	TLSKeyFile  string
+	// ACME is parsed for forward compatibility; setting it is refused by
+	// Validate ("not supported yet").
+	ACME ACMEConfig
+	// InsecurePlaintext serves plain ws:// — only with a loopback Listen
+	// address (tests, a TLS-terminating proxy on the same machine).
+	InsecurePlaintext bool
+	// HostsFile lists the hosts and their token digests. Required.
+	HostsFile string
+	// StateFile keeps published, consumed and revoked digests across
+	// restarts. Required.
+	StateFile string
+	// MaxHosts bounds online hosts. Default 256.
+	MaxHosts int
+	// MaxStreamsPerHost bounds one host's live streams. Default 16.
+	MaxStreamsPerHost int
+	// MaxStreamsPerRoute bounds the live streams of one route credential.
+	// Default 4 (a client needs its Relay WebSocket and an API request).
+	MaxStreamsPerRoute int
+	// AttemptsPerMinute bounds connect attempts per source address (IPv4
+	// address or IPv6 /64); more get HTTP 429. Default 30.
+	AttemptsPerMinute int
+	// MaxQueueBytes bounds all queues of the broker together. Default 512 MiB.
+	MaxQueueBytes int64
+	// MetricsListen is parsed; setting it is refused ("not supported yet").
+	MetricsListen string
+	// LogLevel (debug|info|warn|error, default info) and LogFormat
+	// (auto|json|console, default auto) are for the CLI that builds the
+	// logger; the broker itself only receives the logger.
+	LogLevel  string
+	LogFormat string
+
+	// MaxCredentialsPerHost bounds one host's live published credentials.
+	// Default 1024.
+	MaxCredentialsPerHost int
+	// TableEntries bounds each tracking table (replayed connection ids,
+	// consumed digests, revoked digests, closed stream ids). Default 1,000,000.
+	TableEntries int
+	// MaxRateSources bounds the sources the rate limiter tracks at once;
+	// when every slot holds a source that is still limited, new sources are
+	// refused too. Default 65536.
+	MaxRateSources int
+	// StreamQueueFrames and StreamQueueBytes bound each stream's queue in
+	// each direction. Defaults 32 frames and 8 MiB.
+	StreamQueueFrames int
+	StreamQueueBytes  int
+	// HostQueueBytes bounds all host-bound queues of one host together.
+	// Default 8 MiB.
+	HostQueueBytes int
+	// ClientWriteChunk is the largest message written to a client. Host DATA
+	// payloads are cut into messages of this size so that "progress" of a
+	// slow reader is measured in small steps (a slow but moving reader is
+	// never cut); message boundaries mean nothing on a client socket.
+	// Default 32 KiB.
+	ClientWriteChunk int
+	// MaxPendingReplies bounds control replies queued for a host that does
+	// not read them; the host's socket is not read meanwhile. Default 64.
+	MaxPendingReplies int
+
+	// RegisterTimeout: the first message must arrive within it. Default 10 s.
+	RegisterTimeout time.Duration
+	// PingInterval: every socket is pinged this often. Default 15 s.
+	PingInterval time.Duration
+	// PongTimeout: a socket without a pong for this long is dropped.
+	// Default 45 s.
+	PongTimeout time.Duration
+	// IdleTimeout: a stream without payload bytes in either direction for
+	// this long is closed. Default 5 min.
+	IdleTimeout time.Duration
+	// SlowConsumerTimeout: a client that makes no progress on its full
+	// client-bound queue for this long loses its stream (1013). Default 10 s.
+	SlowConsumerTimeout time.Duration
+	// WriteTimeout is the per-write deadline on every socket: a peer that
+	// does not accept one message (at most 1 MiB to a host, ClientWriteChunk
+	// to a client) within it is dropped. Default 20 s.
+	WriteTimeout time.Duration
+	// ShutdownGrace bounds how long Close waits for sockets to finish their
+	// close handshakes before cutting them. Default 10 s.
+	ShutdownGrace time.Duration
+	// SweepInterval: expired credentials and table entries are swept this
+	// often. Default 1 min.
+	SweepInterval time.Duration
+
+	// Now returns the wall clock used for credential expiry; nil means
+	// time.Now. Tests move it forward instead of sleeping.
+	Now func() time.Time
+
+	// file and lines locate keys in the YAML file for error messages.
+	file  string
+	lines map[string]int
+}
+
+// ACMEConfig is the tls.acme block; ACME is not built yet.
+type ACMEConfig struct {
+	Email   string
+	CA      string
+	Domains []string
+}
+
+// DefaultConfig returns the spec's defaults. HostsFile and StateFile have no
+// default and must be set.
+func DefaultConfig() Config {
+	return Config{
+		Listen:                ":9444",
+		MaxHosts:              wire.MaxHosts,
+		MaxStreamsPerHost:     wire.MaxStreamsPerHost,
+		MaxStreamsPerRoute:    wire.MaxStreamsPerRoute,
+		AttemptsPerMinute:     wire.AttemptsPerMinute,
+		MaxQueueBytes:         wire.BrokerQueueBytes,
+		LogLevel:              "info",
+		LogFormat:             "auto",
+		MaxCredentialsPerHost: wire.MaxCredentialsPerHost,
+		TableEntries:          wire.TrackingTableEntries,
+		MaxRateSources:        65536,
+		StreamQueueFrames:     wire.StreamQueueFrames,
+		StreamQueueBytes:      wire.StreamQueueBytes,
+		HostQueueBytes:        wire.HostQueueBytes,
+		ClientWriteChunk:      32 << 10,
+		MaxPendingReplies:     64,
+		RegisterTimeout:       wire.RegisterTimeout,
+		PingInterval:          wire.PingInterval,
+		PongTimeout:           wire.PongTimeout,
+		IdleTimeout:           wire.IdleTimeout,
+		SlowConsumerTimeout:   wire.SlowConsumerTimeout,
+		WriteTimeout:          20 * time.Second,
+		ShutdownGrace:         10 * time.Second,
+		SweepInterval:         time.Minute,
+	}
+}
+
+// Validate checks every field; errors name the YAML key (and file:line when
+// the configuration came from a file).
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, c.errorf(key, format, args...))
+	}
+	host, port, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		bad("listen", "%q is not host:port", c.Listen)
+	} else {
+		if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			bad("listen", "%q: port must be 0..65535", c.Listen)
+		}
+		if host != "" && host != "localhost" {
+			if _, err := netip.ParseAddr(host); err != nil {
+				bad("listen", "%q: listen host must be an IP address (or empty for all)", c.Listen)
+			}
+		}
+	}
+	if c.InsecurePlaintext {
+		if !loopbackHost(host) {
+			bad("insecure_plaintext", "plain ws:// is allowed only with a loopback listen address (e.g. 127.0.0.1:9444), not %q", c.Listen)
+		}
+	} else if c.TLSCertFile == "" || c.TLSKeyFile == "" {
+		bad("tls", "tls.cert_file and tls.key_file are required (or insecure_plaintext: true on a loopback listen address)")
+	}
+	if c.ACME.Email != "" || c.ACME.CA != "" || len(c.ACME.Domains) > 0 {
+		bad("tls.acme", "ACME is not supported yet; use tls.cert_file and tls.key_file")
+	}
+	if c.MetricsListen != "" {
+		bad("metrics.listen", "metrics are not supported yet; leave metrics.listen empty")
+	}
+	if c.HostsFile == "" {
+		bad("hosts_file", "required (created by `securelink broker add-host`)")
+	}
+	if c.StateFile == "" {
+		bad("state_file", "required")
+	}
+	if c.HostsFile != "" && c.HostsFile == c.StateFile {
+		bad("state_file", "must differ from hosts_file")
+	}
+	ints := []struct {
+		key      string
+		v, lo, h int
+	}{
+		{"max_hosts", c.MaxHosts, 1, 1 << 16},
+		{"max_streams_per_host", c.MaxStreamsPerHost, 1, 1 << 16},
+		{"max_streams_per_route", c.MaxStreamsPerRoute, 1, 1 << 16},
+		{"attempts_per_minute", c.AttemptsPerMinute, 1, 1 << 20},
+		{"max_credentials_per_host", c.MaxCredentialsPerHost, 1, 1 << 20},
+		{"table_entries", c.TableEntries, 16, 1 << 28},
+		{"max_rate_sources", c.MaxRateSources, 1, 1 << 24},
+		{"stream_queue_frames", c.StreamQueueFrames, 2, 1 << 16},
+		{"stream_queue_bytes", c.StreamQueueBytes, 2 * wire.MaxHostFrameIn, 1 << 30},
+		{"host_queue_bytes", c.HostQueueBytes, 2 * wire.MaxHostFrameIn, 1 << 30},
+		{"client_write_chunk", c.ClientWriteChunk, 512, wire.MaxClientFrame},
+		{"max_pending_replies", c.MaxPendingReplies, 1, 1 << 16},
+	}
+	for _, f := range ints {
+		if f.v < f.lo || f.v > f.h {
+			bad(f.key, "must be %d..%d, not %d", f.lo, f.h, f.v)
+		}
+	}
+	if c.MaxQueueBytes < 4*wire.MaxHostFrameIn || c.MaxQueueBytes > 1<<40 {
+		bad("max_queue_bytes", "must be at least %d bytes", 4*wire.MaxHostFrameIn)
+	}
+	durs := []struct {
+		key string
+		v   time.Duration
+	}{
+		{"register_timeout", c.RegisterTimeout},
+		{"ping_interval", c.PingInterval},
+		{"pong_timeout", c.PongTimeout},
+		{"idle_timeout", c.IdleTimeout},
+		{"slow_consumer_timeout", c.SlowConsumerTimeout},
+		{"write_timeout", c.WriteTimeout},
+		{"shutdown_grace", c.ShutdownGrace},
+		{"sweep_interval", c.SweepInterval},
+	}
+	for _, d := range durs {
+		if d.v <= 0 {
+			bad(d.key, "must be a positive duration")
+		}
+	}
+	if c.PongTimeout > 0 && c.PongTimeout <= c.PingInterval {
+		bad("pong_timeout", "must be longer than ping_interval")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "auto", "json", "console":
+	default:
+		bad("log.format", "%q is not one of auto, json, console", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}
+
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+func (c *Config) errorf(key, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if c.file == "" {
+		return fmt.Errorf("broker config: %s: %s", key, msg)
+	}
+	for k := key; k != ""; {
+		if l, ok := c.lines[k]; ok {
+			return fmt.Errorf("%s:%d: %s: %s", c.file, l, key, msg)
+		}
+		i := strings.LastIndexByte(k, '.')
+		if i < 0 {
+			break
+		}
+		k = k[:i]
+	}
+	return fmt.Errorf("%s: %s: %s", c.file, key, msg)
+}
+
+func (c *Config) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// ---------------------------------------------------------------------------
+// YAML file
+
+// MaxConfigBytes bounds the configuration file.
+const MaxConfigBytes = 1 << 20
+
+// fileConfig is the YAML form (spec/operations.md "Broker configuration").
+// Pointers tell "absent" from "zero" so defaults survive.
+type fileConfig struct {
+	Listen            *string     `yaml:"listen"`
+	TLS               fileTLS     `yaml:"tls"`
+	InsecurePlaintext *bool       `yaml:"insecure_plaintext"`
+	HostsFile         *string     `yaml:"hosts_file"`
+	StateFile         *string     `yaml:"state_file"`
+	MaxHosts          *int        `yaml:"max_hosts"`
+	MaxStreamsPerHost *int        `yaml:"max_streams_per_host"`
+	MaxStreamsPerRt   *int        `yaml:"max_streams_per_route"`
+	AttemptsPerMinute *int        `yaml:"attempts_per_minute"`
+	MaxQueueBytes     *int64      `yaml:"max_queue_bytes"`
+	Metrics           fileMetrics `yaml:"metrics"`
+	Log               fileLog     `yaml:"log"`
+}
+
+type fileTLS struct {
+	CertFile *string  `yaml:"cert_file"`
+	KeyFile  *string  `yaml:"key_file"`
+	ACME     fileACME `yaml:"acme"`
+}
+
+type fileACME struct {
+	Email   string   `yaml:"email"`
+	CA      string   `yaml:"ca"`
+	Domains []string `yaml:"domains"`
+}
+
+type fileMetrics struct {
+	Listen string `yaml:"listen"`
+}
+
+type fileLog struct {
+	Level  *string `yaml:"level"`
+	Format *string `yaml:"format"`
+}
+
+// LoadConfig reads the broker's YAML configuration over the defaults and
+// validates it. Unknown keys, wrong types and bad values are errors naming
+// file:line.
+func LoadConfig(path string) (*Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("broker config: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("broker config: %s: %w", path, err)
+	}
+	if len(data) > MaxConfigBytes {
+		return nil, fmt.Errorf("broker config: %s: larger than %d bytes", path, MaxConfigBytes)
+	}
+	return ParseConfig(path, data)
+}
+
+// ParseConfig decodes data (named name in errors) over DefaultConfig and
+// validates the result.
+func ParseConfig(name string, data []byte) (*Config, error) {
+	c := DefaultConfig()
+	c.file = name
+	c.lines = map[string]int{}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("%s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if len(root.Content) > 0 {
+		doc := root.Content[0]
+		if doc.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("%s:%d: the broker configuration must be a mapping of keys", name, doc.Line)
+		}
+		indexLines(doc, "", c.lines)
+		var fc fileConfig
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
+			return nil, errors.New(formatYAMLError(name, err))
+		}
+		fc.apply(&c)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (fc *fileConfig) apply(c *Config) {
+	set := func(dst *string, src *string) {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	setInt := func(dst *int, src *int) {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	set(&c.Listen, fc.Listen)
+	set(&c.TLSCertFile, fc.TLS.CertFile)
+	set(&c.TLSKeyFile, fc.TLS.KeyFile)
+	c.ACME = ACMEConfig{Email: fc.TLS.ACME.Email, CA: fc.TLS.ACME.CA, Domains: fc.TLS.ACME.Domains}
+	if fc.InsecurePlaintext != nil {
+		c.InsecurePlaintext = *fc.InsecurePlaintext
+	}
+	set(&c.HostsFile, fc.HostsFile)
+	set(&c.StateFile, fc.StateFile)
+	setInt(&c.MaxHosts, fc.MaxHosts)
+	setInt(&c.MaxStreamsPerHost, fc.MaxStreamsPerHost)
+	setInt(&c.MaxStreamsPerRoute, fc.MaxStreamsPerRt)
+	setInt(&c.AttemptsPerMinute, fc.AttemptsPerMinute)
+	if fc.MaxQueueBytes != nil {
+		c.MaxQueueBytes = *fc.MaxQueueBytes
+	}
+	c.MetricsListen = fc.Metrics.Listen
+	set(&c.LogLevel, fc.Log.Level)
+	set(&c.LogFormat, fc.Log.Format)
+}
+
+// indexLines records the line of every mapping key by dotted path.
+func indexLines(n *yaml.Node, prefix string, out map[string]int) {
+	if n.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		path := k.Value
+		if prefix != "" {
+			path = prefix + "." + k.Value
+		}
+		out[path] = k.Line
+		indexLines(n.Content[i+1], path, out)
+	}
+}
+
+// formatYAMLError turns yaml.v3's "line N: ..." messages into "file:N: ...".
+func formatYAMLError(name string, err error) string {
+	var te *yaml.TypeError
+	msgs := []string{err.Error()}
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	}
+	out := make([]string, 0, len(msgs))
+	for _, m := range msgs {
+		m = strings.TrimPrefix(m, "yaml: ")
+		if rest, ok := strings.CutPrefix(m, "line "); ok {
+			if i := strings.Index(rest, ": "); i > 0 {
+				if _, err := strconv.Atoi(rest[:i]); err == nil {
+					msg := strings.Replace(rest[i+2:], "not found in type", "is not a known key in", 1)
+					msg = strings.ReplaceAll(msg, "server.fileConfig", "the broker configuration")
+					msg = strings.ReplaceAll(msg, "server.fileTLS", "tls")
+					msg = strings.ReplaceAll(msg, "server.fileACME", "tls.acme")
+					msg = strings.ReplaceAll(msg, "server.fileMetrics", "metrics")
+					msg = strings.ReplaceAll(msg, "server.fileLog", "log")
+					out = append(out, fmt.Sprintf("%s:%s: %s", name, rest[:i], msg))
+					continue
+				}
+			}
+		}
+		out = append(out, name+": "+m)
+	}
+	return strings.Join(out, "; ")
+}

@@ -1,0 +1,411 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// drainUntilClose reads c until it closes and returns the bytes and the code.
+func drainUntilClose(t *testing.T, c *pipeConn) ([]byte, int) {
+	t.Helper()
+	var got []byte
+	for {
+		typ, data, err := read(t, c)
+		var ce *closeError
+		if errors.As(err, &ce) {
+			return got, ce.Code
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ != Binary {
+			t.Fatalf("text %q", data)
+		}
+		got = append(got, data...)
+	}
+}
+
+func TestSlowConsumerIsClosedAndOthersContinue(t *testing.T) {
+	se := newStreamEnv(t, func(c *Config) { c.SlowConsumerTimeout = 300 * time.Millisecond })
+	se.pipeN = 4
+	se.host = se.env.host(0) // re-register with the small pipe
+	se.publishRoute(se.host, "r2", se.token2())
+	stuck, stuckID := se.client(se.host, 0, wire.KindRoute, se.tok2)
+	moving, movingID := se.client(se.host, 0, wire.KindRoute, se.tok2)
+
+	// The host sends far more than the stuck stream's queue holds.
+	const frames = 80
+	payload := bytes.Repeat([]byte("s"), 1024)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		ctx, cancel := context.WithTimeout(context.Background(), step)
+		defer cancel()
+		for i := 0; i < frames; i++ {
+			if err := se.host.Write(ctx, Binary, dataFrame(stuckID, payload)); err != nil {
+				t.Errorf("host write %d: %v", i, err)
+				return
+			}
+		}
+		se.host.Write(ctx, Binary, dataFrame(movingID, []byte("for the other stream")))
+	}()
+	start := time.Now()
+	if got := readBinary(t, se.host); !bytes.Equal(got, closeFrame(stuckID)) {
+		t.Fatalf("host got %x, want CLOSE for the stuck stream", got)
+	}
+	if time.Since(start) < 300*time.Millisecond {
+		t.Fatal("closed before the slow-consumer timeout")
+	}
+	if got := readBinary(t, moving); string(got) != "for the other stream" {
+		t.Fatalf("other stream got %q", got)
+	}
+	<-sent
+	// The stuck client gets what its pipe held, then 1013.
+	got, code := drainUntilClose(t, stuck)
+	if code != wire.CloseTryAgain {
+		t.Fatalf("stuck client closed %d", code)
+	}
+	if len(got) >= frames*len(payload) {
+		t.Fatalf("stuck client received everything (%d bytes)", len(got))
+	}
+	if n := se.b.Stats().Counts["stream:slow_consumer"]; n != 1 {
+		t.Fatalf("%d slow-consumer closes", n)
+	}
+	se.alive(se.host)
+}
+
+func (se *streamEnv) token2() wire.Secret {
+	se.tok2 = wire.NewToken()
+	return se.tok2
+}
+
+func TestSlowButMovingReaderIsNeverCut(t *testing.T) {
+	se := newStreamEnv(t, func(c *Config) {
+		c.SlowConsumerTimeout = 400 * time.Millisecond
+		c.StreamQueueFrames = 4
+		c.ClientWriteChunk = 1024
+	})
+	se.pipeN = 2
+	se.host = se.env.host(0)
+	se.publishRoute(se.host, "r2", se.token2())
+	c, id := se.client(se.host, 0, wire.KindRoute, se.tok2)
+
+	// 6 frames of 4 KiB = 24 client messages of 1 KiB; the reader takes
+	// one every 60 ms, far slower than the host sends, but always moving.
+	var want []byte
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*step)
+		defer cancel()
+		for i := 0; i < 6; i++ {
+			p := bytes.Repeat([]byte{byte('a' + i)}, 4096)
+			want = append(want, p...)
+			if err := se.host.Write(ctx, Binary, dataFrame(id, p)); err != nil {
+				t.Errorf("host write: %v", err)
+				return
+			}
+		}
+		se.host.Write(ctx, Binary, closeFrame(id))
+	}()
+	var got []byte
+	for {
+		time.Sleep(60 * time.Millisecond)
+		typ, data, err := read(t, c)
+		if err != nil {
+			var ce *closeError
+			if !errors.As(err, &ce) || ce.Code != wire.CloseNormal {
+				t.Fatalf("slow reader ended with %v after %d bytes", err, len(got))
+			}
+			break
+		}
+		if typ != Binary || len(data) > 1024 {
+			t.Fatalf("got %v of %d bytes", typ, len(data))
+		}
+		got = append(got, data...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got %d bytes, want %d", len(got), len(want))
+	}
+	if n := se.b.Stats().Counts["stream:slow_consumer"]; n != 0 {
+		t.Fatal("a moving reader was cut")
+	}
+	if se.b.Stats().Counts["paused:host"] == 0 {
+		t.Fatal("the host socket was never paused: the test did not fill the queue")
+	}
+}
+
+func TestUploadFasterThanHostIsPausedNotCut(t *testing.T) {
+	se := newStreamEnv(t, func(c *Config) {
+		c.SlowConsumerTimeout = 100 * time.Millisecond
+		c.StreamQueueFrames = 4
+		c.IdleTimeout = 2 * time.Second
+	})
+	se.pipeN = 2
+	se.host = se.env.host(0)
+	se.publishRoute(se.host, "r2", se.token2())
+	c, id := se.client(se.host, 0, wire.KindRoute, se.tok2)
+
+	const n = 40
+	var want []byte
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*step)
+		defer cancel()
+		for i := 0; i < n; i++ {
+			p := bytes.Repeat([]byte{byte(i)}, 64<<10)
+			want = append(want, p...)
+			if err := c.Write(ctx, Binary, p); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	// The host does not read for much longer than any stream timeout.
+	waitFor(t, "the client to be paused", func() bool { return se.b.Stats().Counts["paused:client"] > 0 })
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the client wrote everything while the host was not reading (%v)", err)
+	default:
+	}
+	var got []byte
+	for len(got) < n*(64<<10) {
+		f, err := wire.ParseFrame(readBinary(t, se.host))
+		if err != nil || f.Flags != wire.FlagData || f.StreamID != id {
+			t.Fatalf("host got %+v %v", f, err)
+		}
+		got = append(got, f.Payload...)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("payload differs")
+	}
+	st := se.b.Stats()
+	if st.ActiveStreams != 1 || st.Counts["stream:slow_consumer"] != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestHostBoundDataIsRoundRobin(t *testing.T) {
+	se := newStreamEnv(t, nil)
+	se.pipeN = 2
+	se.host = se.env.host(0)
+	se.publishRoute(se.host, "r2", se.token2())
+	bulk, bulkID := se.client(se.host, 0, wire.KindRoute, se.tok2)
+	small, smallID := se.client(se.host, 0, wire.KindRoute, se.tok2)
+	for i := 0; i < 20; i++ {
+		sendBinary(t, bulk, bytes.Repeat([]byte("b"), 1000))
+	}
+	waitFor(t, "the bulk stream to queue", func() bool { return se.b.budget.inUse() > 10*1000 })
+	sendBinary(t, small, []byte("small"))
+	waitFor(t, "the small message to queue", func() bool {
+		se.b.mu.Lock()
+		defer se.b.mu.Unlock()
+		h := se.b.hosts[se.hosts[0].id]
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.streams[smallID].up) == 1
+	})
+	pos := -1
+	for i := 0; i < 21; i++ {
+		f, _ := wire.ParseFrame(readBinary(t, se.host))
+		if f.StreamID == smallID {
+			pos = i
+			break
+		}
+		if f.StreamID != bulkID {
+			t.Fatal("unknown stream")
+		}
+	}
+	if pos < 0 || pos > 4 {
+		t.Fatalf("the small message came at position %d behind the bulk stream", pos)
+	}
+}
+
+func TestQueueCaps(t *testing.T) {
+	cases := map[string]func(*Config){
+		"broker-wide": func(c *Config) { c.MaxQueueBytes = 4 * wire.MaxHostFrameIn },
+		"per host":    func(c *Config) { c.HostQueueBytes = 2 * wire.MaxHostFrameIn },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			se := newStreamEnv(t, mutate)
+			se.pipeN = 1
+			se.host = se.env.host(0)
+			se.publishRoute(se.host, "r2", se.token2())
+			const streams, msgs = 3, 6
+			type up struct {
+				id   wire.ID
+				want []byte
+			}
+			ups := make([]*up, streams)
+			errs := make(chan error, streams)
+			clients := make([]*pipeConn, streams)
+			for i := range ups {
+				c, id := se.client(se.host, 0, wire.KindRoute, se.tok2)
+				clients[i] = c
+				ups[i] = &up{id: id}
+			}
+			for i, u := range ups {
+				c := clients[i]
+				for j := 0; j < msgs; j++ {
+					u.want = append(u.want, bytes.Repeat([]byte{byte(i*16 + j)}, wire.MaxClientFrame)...)
+				}
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 3*step)
+					defer cancel()
+					for j := 0; j < msgs; j++ {
+						if err := c.Write(ctx, Binary, u.want[j*wire.MaxClientFrame:(j+1)*wire.MaxClientFrame]); err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			var over atomic.Int64
+			stop := make(chan struct{})
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Millisecond):
+					}
+					if used := se.b.budget.inUse(); used > se.cfg.MaxQueueBytes {
+						over.Store(used)
+					}
+					se.b.mu.Lock()
+					for _, h := range se.b.hosts {
+						h.mu.Lock()
+						if h.upBytes > se.cfg.HostQueueBytes {
+							over.Store(int64(h.upBytes))
+						}
+						h.mu.Unlock()
+					}
+					se.b.mu.Unlock()
+				}
+			}()
+			waitFor(t, "clients to be paused", func() bool { return se.b.Stats().Counts["paused:client"] >= streams })
+			time.Sleep(200 * time.Millisecond)
+			got := map[wire.ID][]byte{}
+			total := 0
+			for total < streams*msgs*wire.MaxClientFrame {
+				f, err := wire.ParseFrame(readBinary(t, se.host))
+				if err != nil || f.Flags != wire.FlagData {
+					t.Fatalf("host got %+v %v", f, err)
+				}
+				got[f.StreamID] = append(got[f.StreamID], f.Payload...)
+				total += len(f.Payload)
+			}
+			close(stop)
+			<-sampled
+			for i := 0; i < streams; i++ {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, u := range ups {
+				if !bytes.Equal(got[u.id], u.want) {
+					t.Fatalf("stream %v: %d bytes differ", u.id, len(got[u.id]))
+				}
+			}
+			if v := over.Load(); v != 0 {
+				t.Fatalf("a queue held %d bytes, above its cap", v)
+			}
+		})
+	}
+}
+
+func TestKeepaliveDropsSilentPeers(t *testing.T) {
+	se := newStreamEnv(t, func(c *Config) {
+		c.PingInterval = 50 * time.Millisecond
+		c.PongTimeout = 400 * time.Millisecond
+	})
+	// The host answers pings only while it reads: keep it reading.
+	hostMsgs := make(chan []byte, 64)
+	go func() {
+		for {
+			_, data, err := se.host.Read(context.Background())
+			if err != nil {
+				close(hostMsgs)
+				return
+			}
+			hostMsgs <- data
+		}
+	}()
+	c := se.dial()
+	se.register(c, wire.RoleClient, se.hosts[0].id, wire.KindRoute, se.token, wire.NewID())
+	if _, ok := readMsg(t, c).(wire.Matched); !ok {
+		t.Fatal("not matched")
+	}
+	openMsg := <-hostMsgs
+	open, _ := wire.ParseBrokerMessage(openMsg)
+	id := open.(wire.Open).StreamID
+	c.noPong.Store(true) // the client goes silent (reads, never answers)
+	go func() {
+		for {
+			if _, _, err := c.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case f := <-hostMsgs:
+		if !bytes.Equal(f, closeFrame(id)) {
+			t.Fatalf("host got %x", f)
+		}
+	case <-time.After(step):
+		t.Fatal("silent client was not dropped")
+	}
+	if n := se.b.Stats().Counts["stream:ping_timeout"]; n != 1 {
+		t.Fatalf("%d client ping timeouts", n)
+	}
+	// The responsive host stayed through many ping intervals.
+	time.Sleep(600 * time.Millisecond)
+	if se.b.Stats().HostsOnline != 1 {
+		t.Fatal("a host that answers pings was dropped")
+	}
+	// Now the host goes silent too.
+	se.host.noPong.Store(true)
+	waitFor(t, "the silent host to be dropped", func() bool { return se.b.Stats().HostsOnline == 0 })
+	if n := se.b.Stats().Counts["host:ping_timeout"]; n != 1 {
+		t.Fatalf("%d host ping timeouts", n)
+	}
+}
+
+func TestKeepaliveForgivesPausedReaders(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.PingInterval = 20 * time.Millisecond
+		c.PongTimeout = 60 * time.Millisecond
+	})
+	peer, ours := newPipe(4, "x")
+	peer.noPong.Store(true)
+	var p pauseState
+	dead := make(chan struct{})
+	stop := make(chan struct{})
+	defer close(stop)
+	go e.b.keepalive(context.Background(), ours, &p, stop, func() { close(dead) })
+	p.enter()
+	select {
+	case <-dead:
+		t.Fatal("dropped while the reader was paused by backpressure")
+	case <-time.After(300 * time.Millisecond):
+	}
+	p.leave()
+	select {
+	case <-dead:
+	case <-time.After(step):
+		t.Fatal("not dropped after the pause ended")
+	}
+}

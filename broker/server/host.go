@@ -1,0 +1,518 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// hostSession is one live host registration: the socket that carries the
+// host's control channel and the frames of all its streams.
+type hostSession struct {
+	b           *Broker
+	id          wire.ID
+	connID      wire.ID
+	tokenDigest wire.Digest
+	conn        MessageConn
+	log         zerolog.Logger
+	pause       pauseState
+
+	wake        chan struct{} // capacity 1: the writer has work or must end
+	replySpace  chan struct{} // capacity 1: a reply left the queue
+	done        chan struct{} // closed once the end is decided
+	writeCtx    context.Context
+	writeCancel context.CancelFunc // cuts an in-flight write (immediate ends)
+
+	mu      sync.Mutex // guards everything below and the queues of its streams
+	ctrl    []ctrlItem // text messages in order: registered, replies, opens
+	replies int        // replies in ctrl
+	streams map[wire.ID]*stream
+	rr      []*stream // streams with host-bound frames or a CLOSE to send
+	rrNext  int
+	upBytes int       // all host-bound queues together
+	upSpace broadcast // fired whenever host-bound space frees
+	end     *hostEnd
+}
+
+type ctrlItem struct {
+	msg   []byte
+	reply bool
+}
+
+// hostEnd says how a host registration ends.
+type hostEnd struct {
+	code   int
+	reason string
+	// errMsg, when set, is sent as an error message before the close.
+	errMsg wire.Code
+	// flushCtrl sends the control messages already queued (replies to
+	// earlier control frames) before errMsg, so replies stay in order.
+	flushCtrl bool
+	// closeStreams sends CLOSE for every live stream before the close
+	// (broker shutdown); closeFrames holds them once decided.
+	closeStreams bool
+	closeFrames  [][]byte
+	// cancel cuts a write in progress: the socket is replaced, revoked or
+	// dead, so finishing a large frame is pointless.
+	cancel bool
+}
+
+func (b *Broker) newHostSession(ctx context.Context, c MessageConn, reg wire.Register, d wire.Digest) *hostSession {
+	h := &hostSession{
+		b:           b,
+		id:          reg.HostID,
+		connID:      reg.ConnectionID,
+		tokenDigest: d,
+		conn:        c,
+		log:         b.log.With().Str("host", hostLabel(reg.HostID)).Logger(),
+		wake:        make(chan struct{}, 1),
+		replySpace:  make(chan struct{}, 1),
+		done:        make(chan struct{}),
+		ctrl:        []ctrlItem{{msg: registered}},
+		streams:     map[wire.ID]*stream{},
+	}
+	h.writeCtx, h.writeCancel = context.WithCancel(ctx)
+	signal(h.wake)
+	return h
+}
+
+// ---------------------------------------------------------------------------
+// Reading
+
+// readLoop reads the host socket until the registration ends. Control
+// frames are handled one at a time, so their replies leave in order.
+func (h *hostSession) readLoop(ctx context.Context) {
+	b := h.b
+	for {
+		typ, data, err := h.conn.Read(ctx)
+		if err != nil {
+			if errors.Is(err, ErrTooBig) {
+				b.count("host:too_big")
+				b.endHost(h, hostEnd{code: wire.CloseTooBig, reason: "message too big", cancel: true})
+			} else {
+				b.endHost(h, hostEnd{code: wire.CloseGoingAway, cancel: true})
+			}
+			return
+		}
+		select {
+		case <-h.done:
+			return
+		default:
+		}
+		var ok bool
+		if typ == Text {
+			ok = h.control(ctx, data)
+		} else {
+			ok = h.frame(ctx, data)
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// violation ends the registration: error unauthorized, then close 1008.
+func (h *hostSession) violation(err error) bool {
+	detail := ""
+	var we *wire.Error
+	if errors.As(err, &we) {
+		detail = we.Detail
+	}
+	h.b.count("host:violation")
+	h.log.Warn().Str("why", detail).Msg("host broke the protocol; ending its registration")
+	h.b.endHost(h, hostEnd{code: wire.ClosePolicy, reason: "protocol violation", errMsg: wire.CodeUnauthorized, flushCtrl: true})
+	return false
+}
+
+func (h *hostSession) control(ctx context.Context, data []byte) bool {
+	b := h.b
+	msg, err := wire.ParseHostControl(data)
+	if err != nil {
+		var we *wire.Error
+		if !errors.As(err, &we) || we.Violation {
+			return h.violation(err)
+		}
+		return h.replyError(ctx, we)
+	}
+	now := b.cfg.now()
+	switch m := msg.(type) {
+	case wire.PublishBootstrap:
+		err := b.publish(ctx, h, store.Credential{
+			Kind: wire.KindBootstrap, HostID: h.id, ID: m.PairingID,
+			Digest: m.TokenSHA256, ExpiresAt: m.ExpiresAt,
+		}, now)
+		if err != nil {
+			return h.replyError(ctx, err)
+		}
+		return h.reply(ctx, wire.Published{CredentialKind: wire.KindBootstrap, Label: m.PairingID})
+	case wire.PublishRoute:
+		err := b.publish(ctx, h, store.Credential{
+			Kind: wire.KindRoute, HostID: h.id, ID: m.CredentialID,
+			Digest: m.TokenSHA256, ExpiresAt: m.ExpiresAt, DeviceIDHash: m.DeviceIDHash,
+		}, now)
+		if err != nil {
+			return h.replyError(ctx, err)
+		}
+		return h.reply(ctx, wire.Published{CredentialKind: wire.KindRoute, Label: m.CredentialID})
+	case wire.Revoke:
+		if err := b.revoke(ctx, h, m.CredentialID, now); err != nil {
+			return h.replyError(ctx, err)
+		}
+		return h.reply(ctx, wire.Revoked{CredentialID: m.CredentialID})
+	}
+	return h.violation(&wire.Error{Code: wire.CodeUnauthorized, Detail: "unexpected control message"})
+}
+
+// publish stores a credential and waits until it is on disk, so the host is
+// never told `published` for something a restart would forget.
+func (b *Broker) publish(ctx context.Context, h *hostSession, c store.Credential, now time.Time) error {
+	b.mu.Lock()
+	_, err := b.state.Publish(c, now)
+	var gen uint64
+	if err == nil {
+		gen = b.persist.Mark()
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	b.count("publish:" + string(c.Kind))
+	h.pause.enter()
+	b.persist.Wait(ctx, gen)
+	h.pause.leave()
+	return nil
+}
+
+// revoke deletes a route credential, remembers its digests as revoked and
+// closes its live streams (clients get 1008, the host CLOSE).
+func (b *Broker) revoke(ctx context.Context, h *hostSession, credentialID string, now time.Time) error {
+	b.mu.Lock()
+	digests, err := b.state.Revoke(h.id, credentialID, now)
+	if err != nil {
+		b.mu.Unlock()
+		return err
+	}
+	gen := b.persist.Mark()
+	h.mu.Lock()
+	var victims []*stream
+	for _, s := range h.streams {
+		if s.kind != wire.KindRoute {
+			continue
+		}
+		for _, d := range digests {
+			if s.digest.Equal(d) {
+				victims = append(victims, s)
+				break
+			}
+		}
+	}
+	for _, s := range victims {
+		b.endStreamLocked(s, streamEnd{code: wire.ClosePolicy, reason: "revoked", toHost: true, dropUp: true, stat: "revoked"})
+	}
+	h.mu.Unlock()
+	b.mu.Unlock()
+	b.count("revoke")
+	h.pause.enter()
+	b.persist.Wait(ctx, gen)
+	h.pause.leave()
+	return nil
+}
+
+func (h *hostSession) replyError(ctx context.Context, err error) bool {
+	code := wire.CodeUnauthorized
+	var we *wire.Error
+	if errors.As(err, &we) && we.Code.Known() {
+		code = we.Code
+	}
+	h.b.count("control_error:" + string(code))
+	if we != nil {
+		h.log.Debug().Str("code", string(code)).Str("why", we.Detail).Msg("control message refused")
+	}
+	return h.reply(ctx, wire.ErrorMsg{Code: code})
+}
+
+// reply queues one answer to a control frame. When the host does not read
+// its answers, the queue fills and this reader stops reading the host's
+// socket until it does.
+func (h *hostSession) reply(ctx context.Context, m wire.Message) bool {
+	msg, err := wire.Marshal(m)
+	if err != nil {
+		h.log.Error().Err(err).Msg("cannot encode a control reply")
+		return h.violation(err)
+	}
+	for {
+		h.mu.Lock()
+		if h.end != nil {
+			h.mu.Unlock()
+			return false
+		}
+		if h.replies < h.b.cfg.MaxPendingReplies {
+			h.ctrl = append(h.ctrl, ctrlItem{msg: msg, reply: true})
+			h.replies++
+			h.mu.Unlock()
+			signal(h.wake)
+			return true
+		}
+		h.mu.Unlock()
+		h.pause.enter()
+		select {
+		case <-h.replySpace:
+		case <-h.done:
+		case <-ctx.Done():
+		}
+		h.pause.leave()
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+}
+
+// frame handles one binary frame from the host.
+func (h *hostSession) frame(ctx context.Context, data []byte) bool {
+	b := h.b
+	f, err := wire.ParseFrame(data)
+	if err != nil {
+		return h.violation(err)
+	}
+	h.mu.Lock()
+	s := h.streams[f.StreamID]
+	h.mu.Unlock()
+	if s == nil {
+		// Not live: either this registration's stream that the broker
+		// already closed (both ends often close at once: drop it), or a
+		// stream it never had (a protocol error). Streams are removed from
+		// h.streams and added to closedIDs in one b.mu section, so a miss
+		// above is always visible here.
+		b.mu.Lock()
+		owner, ok := b.closedIDs.Get(f.StreamID, time.Now().UnixNano())
+		b.mu.Unlock()
+		if ok && owner == h.connID {
+			b.count("drop:closed_stream")
+			return true
+		}
+		return h.violation(&wire.Error{Code: wire.CodeUnauthorized, Detail: "frame for a stream this registration never opened"})
+	}
+	if f.Flags == wire.FlagClose {
+		b.endStream(s, streamEnd{code: wire.CloseNormal, flush: true, stat: "host_close"})
+		return true
+	}
+	s.touch()
+	return h.enqueueDown(ctx, s, f.Payload)
+}
+
+// enqueueDown queues DATA for stream s's client. When that queue is full the
+// host socket is not read until it drains (plain v1 has no better option);
+// if the client makes no progress for SlowConsumerTimeout, its stream is
+// closed with 1013 so the host's other streams continue.
+func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte) bool {
+	b := h.b
+	n := len(payload)
+	var waitStart time.Time
+	for {
+		h.mu.Lock()
+		if s.end != nil {
+			h.mu.Unlock()
+			return true // the stream ended meanwhile: drop, like a late frame
+		}
+		fits := len(s.down) == 0 ||
+			(len(s.down) < b.cfg.StreamQueueFrames && s.downBytes+n <= b.cfg.StreamQueueBytes)
+		var wait <-chan struct{}
+		if fits {
+			ok, ch := b.budget.acquire(n)
+			if ok {
+				s.down = append(s.down, payload)
+				s.downBytes += n
+				h.mu.Unlock()
+				signal(s.downWake)
+				return true
+			}
+			wait = ch
+		} else {
+			wait = s.downSpace
+		}
+		h.mu.Unlock()
+
+		now := time.Now()
+		if waitStart.IsZero() {
+			waitStart = now
+			b.count("paused:host")
+		}
+		var timeout <-chan time.Time
+		var timer *time.Timer
+		if !fits {
+			last := waitStart
+			if p := time.Unix(0, s.lastProgress.Load()); p.After(last) {
+				last = p
+			}
+			stalled := now.Sub(last)
+			if stalled >= b.cfg.SlowConsumerTimeout {
+				s.log.Info().Dur("stalled", stalled).Msg("client made no progress on its full queue; closing its stream")
+				b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "slow consumer", toHost: true, cancel: true, stat: "slow_consumer"})
+				return true
+			}
+			timer = time.NewTimer(b.cfg.SlowConsumerTimeout - stalled)
+			timeout = timer.C
+		}
+		h.pause.enter()
+		select {
+		case <-wait:
+		case <-timeout:
+		case <-s.done:
+		case <-h.done:
+		case <-ctx.Done():
+		}
+		h.pause.leave()
+		if timer != nil {
+			timer.Stop()
+		}
+		select {
+		case <-h.done:
+			return false
+		case <-ctx.Done():
+			return false
+		default:
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Writing
+
+type outItem struct {
+	typ    MessageType
+	data   []byte
+	budget int // bytes to return to the broker budget once written
+}
+
+// writeLoop is the only goroutine that writes to the host socket: control
+// messages first, in order, then stream frames round-robin, one frame per
+// turn, so one bulk upload cannot starve another stream.
+func (h *hostSession) writeLoop() {
+	b := h.b
+	broken := false // after a failed write, only the close is attempted
+	for {
+		item, fin := h.next(broken)
+		if fin != nil {
+			h.finish(fin, broken)
+			return
+		}
+		if item == nil {
+			<-h.wake
+			continue
+		}
+		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
+		err := h.conn.Write(ctx, item.typ, item.data)
+		cancel()
+		b.budget.release(item.budget)
+		if err != nil {
+			broken = true
+			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
+		}
+	}
+}
+
+// next picks what to write. It returns the end decision once nothing more
+// is to be written before the close (at once when a write already failed).
+func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.end != nil && (broken || !h.end.flushCtrl) {
+		return nil, h.end
+	}
+	if len(h.ctrl) > 0 {
+		it := h.ctrl[0]
+		h.ctrl[0] = ctrlItem{}
+		h.ctrl = h.ctrl[1:]
+		if it.reply {
+			h.replies--
+			signal(h.replySpace)
+		}
+		return &outItem{typ: Text, data: it.msg}, nil
+	}
+	if h.end != nil {
+		return nil, h.end
+	}
+	for len(h.rr) > 0 {
+		i := h.rrNext % len(h.rr)
+		s := h.rr[i]
+		if len(s.up) > 0 {
+			f := s.up[0]
+			s.up[0] = nil
+			s.up = s.up[1:]
+			s.upBytes -= len(f)
+			h.upBytes -= len(f)
+			h.upSpace.fire()
+			if len(s.up) == 0 && !s.upClose {
+				h.removeRR(i)
+			} else {
+				h.rrNext = i + 1
+			}
+			return &outItem{typ: Binary, data: f, budget: len(f)}, nil
+		}
+		if s.upClose {
+			s.upClose = false
+			h.removeRR(i)
+			return &outItem{typ: Binary, data: wire.AppendClose(nil, s.id)}, nil
+		}
+		h.removeRR(i)
+	}
+	return nil, nil
+}
+
+func (h *hostSession) removeRR(i int) {
+	h.rr[i].inRR = false
+	copy(h.rr[i:], h.rr[i+1:])
+	h.rr[len(h.rr)-1] = nil
+	h.rr = h.rr[:len(h.rr)-1]
+	h.rrNext = i
+}
+
+func (h *hostSession) finish(e *hostEnd, broken bool) {
+	b := h.b
+	if broken {
+		h.conn.Close(e.code, e.reason)
+		return
+	}
+	write := func(typ MessageType, data []byte) {
+		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
+		h.conn.Write(ctx, typ, data)
+		cancel()
+	}
+	if e.errMsg != "" {
+		msg, _ := wire.Marshal(wire.ErrorMsg{Code: e.errMsg})
+		write(Text, msg)
+	}
+	for _, f := range e.closeFrames {
+		write(Binary, f)
+	}
+	h.conn.Close(e.code, e.reason)
+}
+
+// dropUp discards stream s's host-bound frames (h.mu held).
+func (h *hostSession) dropUp(s *stream) {
+	if s.upBytes == 0 {
+		return
+	}
+	h.b.budget.release(s.upBytes)
+	h.upBytes -= s.upBytes
+	s.up, s.upBytes = nil, 0
+	h.upSpace.fire()
+}
+
+// releaseQueues returns the budget of frames that will never be written,
+// once the writer has exited.
+func (h *hostSession) releaseQueues() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range h.rr {
+		h.dropUp(s)
+		s.inRR = false
+	}
+	h.rr = nil
+}

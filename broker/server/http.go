@@ -1,0 +1,179 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// Handler serves GET /v1/connect (the WebSocket endpoint) and GET /health.
+// It only checks the request, upgrades and adapts; Serve does the rest.
+func (b *Broker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", b.health)
+	mux.HandleFunc("GET "+wire.ConnectPath, b.connect)
+	return mux
+}
+
+func (b *Broker) health(w http.ResponseWriter, r *http.Request) {
+	b.mu.Lock()
+	hosts, streams := len(b.hosts), b.live
+	b.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	fmt.Fprintf(w, `{"ok":true,"service":%q,"protocol_version":%d,"hosts_online":%d,"active_streams":%d}`,
+		wire.HealthService, wire.ProtocolVersion, hosts, streams)
+}
+
+func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
+	// Credentials travel only inside the register message: a query string
+	// or an Authorization header would put them in logs and proxies.
+	if r.URL.RawQuery != "" || r.URL.ForceQuery || len(r.Header.Values("Authorization")) > 0 {
+		b.count("http:400")
+		http.Error(w, "credentials belong in the register message, never in the URL or headers", http.StatusBadRequest)
+		return
+	}
+	if !b.limiter.allow(sourceKey(r.RemoteAddr), time.Now()) {
+		b.count("http:429")
+		w.Header().Set("Retry-After", "60")
+		http.Error(w, "too many connection attempts", http.StatusTooManyRequests)
+		return
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		// Authentication is the register message, not cookies, so a
+		// cross-origin page gains nothing; clients in browsers must work.
+		InsecureSkipVerify: true,
+		CompressionMode:    websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return // Accept already answered the request
+	}
+	b.Serve(r.Context(), &wsConn{c: ws, remote: r.RemoteAddr})
+}
+
+// wsFragment is the largest WebSocket frame the adapter writes; a larger
+// message goes out as a fragmented message, so a ping can be sent between
+// fragments of a 1 MiB frame to a slow host.
+const wsFragment = 64 << 10
+
+// wsConn adapts a github.com/coder/websocket connection to MessageConn.
+type wsConn struct {
+	c      *websocket.Conn
+	remote string
+}
+
+func (w *wsConn) Read(ctx context.Context) (MessageType, []byte, error) {
+	typ, data, err := w.c.Read(ctx)
+	if err != nil {
+		if errors.Is(err, websocket.ErrMessageTooBig) {
+			return 0, nil, fmt.Errorf("%w: %v", ErrTooBig, err)
+		}
+		return 0, nil, err
+	}
+	return MessageType(typ), data, nil
+}
+
+func (w *wsConn) Write(ctx context.Context, typ MessageType, data []byte) error {
+	if len(data) <= wsFragment {
+		return w.c.Write(ctx, websocket.MessageType(typ), data)
+	}
+	wr, err := w.c.Writer(ctx, websocket.MessageType(typ))
+	if err != nil {
+		return err
+	}
+	for len(data) > 0 {
+		n := min(len(data), wsFragment)
+		if _, err := wr.Write(data[:n]); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return wr.Close()
+}
+
+// Ping retries while the library's internal 5 s wait for the write lock
+// times out behind a long data write; only ctx decides when the pong is
+// overdue.
+func (w *wsConn) Ping(ctx context.Context) error {
+	for {
+		err := w.c.Ping(ctx)
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (w *wsConn) Close(code int, reason string) error {
+	return w.c.Close(websocket.StatusCode(code), reason)
+}
+
+func (w *wsConn) SetReadLimit(n int64) { w.c.SetReadLimit(n) }
+func (w *wsConn) RemoteAddr() string   { return w.remote }
+
+// ListenAndServe listens on Config.Listen and serves until ctx ends, then
+// stops the broker (Close) and returns nil.
+func (b *Broker) ListenAndServe(ctx context.Context) error {
+	ln, err := net.Listen("tcp", b.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("broker: listen: %w", err)
+	}
+	return b.ServeListener(ctx, ln)
+}
+
+// ServeListener serves on ln (TLS unless InsecurePlaintext) until ctx ends,
+// then stops the broker (Close) and returns nil. A listener error returns
+// that error, after Close.
+func (b *Broker) ServeListener(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           b.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          log.New(b.log, "", 0),
+	}
+	if !b.cfg.InsecurePlaintext {
+		cert, err := tls.LoadX509KeyPair(b.cfg.TLSCertFile, b.cfg.TLSKeyFile)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("broker: tls: %w", err)
+		}
+		srv.TLSConfig = &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			Certificates: []tls.Certificate{cert},
+			NextProtos:   []string{"http/1.1"}, // WebSocket upgrades are HTTP/1.1
+		}
+		ln = tls.NewListener(ln, srv.TLSConfig)
+	}
+	b.log.Info().Str("listen", ln.Addr().String()).Bool("tls", !b.cfg.InsecurePlaintext).Msg("reach broker listening")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	var serveErr error
+	select {
+	case serveErr = <-errc:
+	case <-ctx.Done():
+	}
+	shctx, cancel := context.WithTimeout(context.Background(), b.cfg.ShutdownGrace)
+	defer cancel()
+	shut := make(chan struct{})
+	go func() { srv.Shutdown(shctx); close(shut) }()
+	b.Close() // upgraded sockets are not tracked by http.Server
+	<-shut
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return fmt.Errorf("broker: serve: %w", serveErr)
+	}
+	return nil
+}

@@ -1,0 +1,305 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// stream is one matched client socket and its share of the host's socket.
+type stream struct {
+	b      *Broker
+	id     wire.ID
+	h      *hostSession
+	conn   MessageConn
+	digest wire.Digest
+	kind   wire.Kind
+	log    zerolog.Logger
+	pause  pauseState
+
+	// lastActive is when the last payload byte moved either way (Unix ns);
+	// lastProgress when the client last accepted a chunk.
+	lastActive   atomic.Int64
+	lastProgress atomic.Int64
+
+	done      chan struct{} // closed once the end is decided
+	downWake  chan struct{} // capacity 1: client-bound data or the end arrived
+	downSpace chan struct{} // capacity 1: client-bound queue shrank
+
+	// Guarded by h.mu.
+	up          [][]byte // host-bound frames, header included
+	upBytes     int
+	upClose     bool // send CLOSE to the host once up is written
+	inRR        bool
+	down        [][]byte // client-bound payloads
+	downBytes   int
+	writeCancel context.CancelFunc
+	end         *streamEnd
+}
+
+// streamEnd says how a stream ends.
+type streamEnd struct {
+	code   int    // WebSocket close code for the client
+	reason string // close reason (fixed text)
+	// errMsg, when set, is sent to the client as an error message first.
+	errMsg wire.Code
+	// flush delivers the client-bound data already queued before closing
+	// (the host's CLOSE, or the host going away).
+	flush bool
+	// toHost sends CLOSE to the host after the host-bound data already
+	// accepted; dropUp discards that data first (revoke).
+	toHost bool
+	dropUp bool
+	// cancel cuts a write to the client in progress (it is stuck or gone).
+	cancel bool
+	stat   string // counted outcome label
+}
+
+func (b *Broker) newStream(id wire.ID, h *hostSession, c MessageConn, cred store.Credential) *stream {
+	s := &stream{
+		b:         b,
+		id:        id,
+		h:         h,
+		conn:      c,
+		digest:    cred.Digest,
+		kind:      cred.Kind,
+		log:       h.log.With().Str("stream_id", id.String()).Logger(),
+		done:      make(chan struct{}),
+		downWake:  make(chan struct{}, 1),
+		downSpace: make(chan struct{}, 1),
+	}
+	now := time.Now().UnixNano()
+	s.lastActive.Store(now)
+	s.lastProgress.Store(now)
+	return s
+}
+
+func (s *stream) touch() { s.lastActive.Store(time.Now().UnixNano()) }
+
+// run sends `matched` and relays the stream until it ends.
+func (s *stream) run(ctx context.Context) {
+	b := s.b
+	select {
+	case <-s.done:
+	default:
+		msg, _ := wire.Marshal(wire.Matched{StreamID: s.id})
+		wctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
+		err := s.conn.Write(wctx, Text, msg)
+		cancel()
+		if err != nil {
+			b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); s.writeLoop(ctx) }()
+	go func() {
+		defer wg.Done()
+		b.keepalive(ctx, s.conn, &s.pause, s.done, func() {
+			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "ping timeout", toHost: true, cancel: true, stat: "ping_timeout"})
+		})
+	}()
+	go func() { defer wg.Done(); s.idleWatch(ctx) }()
+	s.readLoop(ctx)
+	wg.Wait()
+	s.log.Debug().Int("close_code", s.end.code).Str("reason", s.end.reason).Msg("stream ended")
+}
+
+// readLoop reads the client's binary messages and queues them for the host.
+func (s *stream) readLoop(ctx context.Context) {
+	b := s.b
+	for {
+		typ, data, err := s.conn.Read(ctx)
+		if err != nil {
+			if errors.Is(err, ErrTooBig) {
+				b.endStream(s, streamEnd{code: wire.CloseTooBig, toHost: true, stat: "too_big"})
+			} else {
+				b.endStream(s, streamEnd{code: wire.CloseNormal, toHost: true, cancel: true, stat: "client_closed"})
+			}
+			return
+		}
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		switch {
+		case typ != Binary:
+			b.endStream(s, streamEnd{code: wire.ClosePolicy, errMsg: wire.CodeUnauthorized, toHost: true, stat: "client_text"})
+			return
+		case len(data) > wire.MaxClientFrame:
+			b.endStream(s, streamEnd{code: wire.CloseTooBig, toHost: true, stat: "too_big"})
+			return
+		case len(data) == 0:
+			continue // carries no bytes; DATA may not be empty
+		}
+		s.touch()
+		if !s.enqueueUp(ctx, data) {
+			return
+		}
+	}
+}
+
+// enqueueUp queues one client message as DATA frames for the host. When
+// the stream's queue (32 frames, 8 MiB), the host's queues (8 MiB) or the
+// broker's budget is full, it waits — this client's socket is not read
+// meanwhile — and never closes the stream for it.
+func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
+	b, h := s.b, s.h
+	frames := wire.SplitData(s.id, data, 0)
+	n := len(data) + wire.HeaderLen*len(frames)
+	paused := false
+	for {
+		h.mu.Lock()
+		if s.end != nil {
+			h.mu.Unlock()
+			return false
+		}
+		streamFits := len(s.up) == 0 ||
+			(len(s.up)+len(frames) <= b.cfg.StreamQueueFrames && s.upBytes+n <= b.cfg.StreamQueueBytes)
+		hostFits := h.upBytes == 0 || h.upBytes+n <= b.cfg.HostQueueBytes
+		var wait <-chan struct{}
+		if streamFits && hostFits {
+			ok, ch := b.budget.acquire(n)
+			if ok {
+				s.up = append(s.up, frames...)
+				s.upBytes += n
+				h.upBytes += n
+				if !s.inRR {
+					s.inRR = true
+					h.rr = append(h.rr, s)
+				}
+				h.mu.Unlock()
+				signal(h.wake)
+				return true
+			}
+			wait = ch
+		} else {
+			wait = h.upSpace.wait()
+		}
+		h.mu.Unlock()
+		if !paused {
+			paused = true
+			b.count("paused:client")
+		}
+		s.pause.enter()
+		select {
+		case <-wait:
+		case <-s.done:
+		case <-ctx.Done():
+		}
+		s.pause.leave()
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+}
+
+// writeLoop is the only goroutine writing to the client after `matched`.
+// Payloads go out in ClientWriteChunk pieces, each with the write deadline;
+// every accepted piece counts as progress for the slow-consumer rule.
+func (s *stream) writeLoop(ctx context.Context) {
+	b, h := s.b, s.h
+	broken := false // after a failed write, flushing is pointless
+	for {
+		h.mu.Lock()
+		if s.end != nil && (broken || !s.end.flush || len(s.down) == 0) {
+			e := *s.end
+			b.budget.release(s.downBytes)
+			s.down, s.downBytes = nil, 0
+			h.mu.Unlock()
+			if broken {
+				e.errMsg = ""
+			}
+			s.finish(ctx, e)
+			return
+		}
+		if len(s.down) == 0 {
+			h.mu.Unlock()
+			select {
+			case <-s.downWake:
+			case <-ctx.Done():
+				b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true})
+			}
+			continue
+		}
+		p := s.down[0]
+		s.down[0] = nil
+		s.down = s.down[1:]
+		s.downBytes -= len(p)
+		wctx, cancel := context.WithCancel(ctx)
+		s.writeCancel = cancel
+		h.mu.Unlock()
+		signal(s.downSpace)
+
+		err := s.writeChunks(wctx, p)
+
+		h.mu.Lock()
+		s.writeCancel = nil
+		h.mu.Unlock()
+		cancel()
+		b.budget.release(len(p))
+		if err != nil {
+			broken = true
+			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "write failed", toHost: true, cancel: true, stat: "write_failed"})
+		}
+	}
+}
+
+func (s *stream) writeChunks(ctx context.Context, p []byte) error {
+	chunk := s.b.cfg.ClientWriteChunk
+	for len(p) > 0 {
+		c := p[:min(len(p), chunk)]
+		wctx, cancel := context.WithTimeout(ctx, s.b.cfg.WriteTimeout)
+		err := s.conn.Write(wctx, Binary, c)
+		cancel()
+		if err != nil {
+			return err
+		}
+		now := time.Now().UnixNano()
+		s.lastProgress.Store(now)
+		s.lastActive.Store(now)
+		p = p[len(c):]
+	}
+	return nil
+}
+
+func (s *stream) finish(ctx context.Context, e streamEnd) {
+	if e.errMsg != "" {
+		msg, _ := wire.Marshal(wire.ErrorMsg{Code: e.errMsg})
+		wctx, cancel := context.WithTimeout(s.b.ctx, s.b.cfg.WriteTimeout)
+		s.conn.Write(wctx, Text, msg)
+		cancel()
+	}
+	s.conn.Close(e.code, e.reason)
+}
+
+// idleWatch closes the stream after IdleTimeout without payload bytes in
+// either direction (pings do not count).
+func (s *stream) idleWatch(ctx context.Context) {
+	b := s.b
+	t := time.NewTimer(b.cfg.IdleTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		idle := time.Since(time.Unix(0, s.lastActive.Load()))
+		if idle >= b.cfg.IdleTimeout {
+			b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "idle", toHost: true, cancel: true, stat: "idle"})
+			return
+		}
+		t.Reset(b.cfg.IdleTimeout - idle)
+	}
+}

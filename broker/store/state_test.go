@@ -1,0 +1,253 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+var t0 = time.Unix(1_800_000_000, 0)
+
+func route(host wire.ID, id, token string, exp int64) Credential {
+	return Credential{Kind: wire.KindRoute, HostID: host, ID: id, Digest: wire.TokenDigest(token), ExpiresAt: exp, DeviceIDHash: wire.TokenDigest("dev")}
+}
+
+func boot(host wire.ID, id, token string, exp int64) Credential {
+	return Credential{Kind: wire.KindBootstrap, HostID: host, ID: id, Digest: wire.TokenDigest(token), ExpiresAt: exp}
+}
+
+func code(err error) wire.Code {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return we.Code
+	}
+	return ""
+}
+
+func TestPublishRules(t *testing.T) {
+	a, b := wire.NewID(), wire.NewID()
+	s := NewState(100, 3)
+	now := t0.Unix()
+	if _, err := s.Publish(route(a, "r1", "t1", now+60), t0); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		c    Credential
+		want wire.Code
+	}{
+		{"past expiry", route(a, "r2", "t2", now), wire.CodeExpired},
+		{"bootstrap beyond an hour", boot(a, "p", "t3", now+3601), wire.CodeUnauthorized},
+		{"another host's digest", route(b, "r1", "t1", now+60), wire.CodeUnauthorized},
+		{"a route digest as bootstrap", boot(a, "p", "t1", now+60), wire.CodeUnauthorized},
+		{"bad label", route(a, "", "t4", now+60), wire.CodeUnauthorized},
+		{"host kind", Credential{Kind: wire.KindHost, HostID: a, ID: "x", Digest: wire.TokenDigest("t5"), ExpiresAt: now + 60}, wire.CodeUnauthorized},
+	}
+	for _, c := range cases {
+		if _, err := s.Publish(c.c, t0); code(err) != c.want {
+			t.Errorf("%s: %v, want %s", c.name, err, c.want)
+		}
+	}
+	// A route beyond 90 days is clamped.
+	s.Publish(route(a, "far", "t6", now+1000*86400), t0)
+	if c, _ := s.Lookup(wire.TokenDigest("t6")); c.ExpiresAt != now+int64(wire.MaxRouteLifetime/time.Second) {
+		t.Fatalf("expiry %d not clamped", c.ExpiresAt)
+	}
+	// Quota: 3 live credentials; a replacement is fine, a new one is not.
+	if _, err := s.Publish(route(a, "r3", "t7", now+60), t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Publish(route(a, "r5", "t10", now+60), t0); code(err) != wire.CodeQuotaExceeded {
+		t.Fatalf("4th credential: %v", err)
+	}
+	replaced, err := s.Publish(route(a, "r1", "t8", now+60), t0)
+	if err != nil || len(replaced) != 1 || replaced[0] != wire.TokenDigest("t1") {
+		t.Fatalf("replacement: %v %v", replaced, err)
+	}
+	if _, ok := s.Lookup(wire.TokenDigest("t1")); ok {
+		t.Fatal("replaced digest still known")
+	}
+	// Expired credentials stop counting towards the quota but stay known.
+	if _, err := s.Publish(route(a, "r4", "t9", now+3660), t0.Add(time.Hour)); err != nil {
+		t.Fatalf("expired credentials still count: %v", err)
+	}
+	if c, ok := s.Lookup(wire.TokenDigest("t8")); !ok || c.ExpiresAt > t0.Add(time.Hour).Unix() {
+		t.Fatal("expired credential forgotten before its grace")
+	}
+	if s.LiveCredentials(a, t0.Add(time.Hour)) != 2 {
+		t.Fatalf("live %d", s.LiveCredentials(a, t0.Add(time.Hour)))
+	}
+}
+
+func TestConsumeAndRevoke(t *testing.T) {
+	a := wire.NewID()
+	s := NewState(2, 10)
+	now := t0.Unix()
+	s.Publish(boot(a, "p1", "b1", now+600), t0)
+	s.Publish(route(a, "r1", "r1", now+600), t0)
+	if s.Consume(wire.TokenDigest("r1"), t0) {
+		t.Fatal("consumed a route")
+	}
+	if !s.Consume(wire.TokenDigest("b1"), t0) || !s.IsConsumed(wire.TokenDigest("b1"), t0) {
+		t.Fatal("bootstrap not consumed")
+	}
+	if _, ok := s.Lookup(wire.TokenDigest("b1")); ok {
+		t.Fatal("consumed bootstrap still published")
+	}
+	if s.IsConsumed(wire.TokenDigest("b1"), t0.Add(601*time.Second)) {
+		t.Fatal("consumed entry outlived its expiry")
+	}
+	if _, err := s.Publish(boot(a, "p2", "b1", now+60), t0); code(err) != wire.CodeUnauthorized {
+		t.Fatalf("republished a consumed digest: %v", err)
+	}
+	ds, err := s.Revoke(a, "r1", t0)
+	if err != nil || len(ds) != 1 || !s.IsRevoked(wire.TokenDigest("r1"), t0) {
+		t.Fatalf("revoke: %v %v", ds, err)
+	}
+	if ds, err := s.Revoke(a, "r1", t0); err != nil || len(ds) != 0 {
+		t.Fatal("revoke is not idempotent")
+	}
+	// The consumed table (2 entries) fills up: Consume refuses, nothing is forgotten.
+	s.Publish(boot(a, "p3", "b3", now+600), t0)
+	s.Publish(boot(a, "p4", "b4", now+600), t0)
+	if !s.Consume(wire.TokenDigest("b3"), t0) {
+		t.Fatal("second consume refused")
+	}
+	if s.CanConsume(t0) || s.Consume(wire.TokenDigest("b4"), t0) {
+		t.Fatal("consumed beyond the table bound")
+	}
+	if _, ok := s.Lookup(wire.TokenDigest("b4")); !ok {
+		t.Fatal("a refused consume removed the credential")
+	}
+}
+
+func TestStateFileRoundTrip(t *testing.T) {
+	a, gone := wire.NewID(), wire.NewID()
+	s := NewState(100, 10)
+	now := t0.Unix()
+	s.Publish(route(a, "r1", "r1", now+600), t0)
+	s.Publish(boot(a, "p1", "b1", now+600), t0)
+	s.Publish(boot(a, "p2", "b2", now+600), t0)
+	s.Publish(route(gone, "r9", "r9", now+600), t0)
+	s.Consume(wire.TokenDigest("b2"), t0)
+	s.Publish(route(a, "r2", "r2", now+600), t0)
+	s.Revoke(a, "r2", t0)
+	data := s.Snapshot(t0).Marshal()
+	if string(data) != string(s.Snapshot(t0).Marshal()) {
+		t.Fatal("encoding is not deterministic")
+	}
+	snap, err := ParseState(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, dropped := Restore(snap, Hosts{a: wire.Digest{}}, 100, 10, t0)
+	if dropped != 0 {
+		t.Fatalf("dropped %d", dropped)
+	}
+	if c, ok := r.Lookup(wire.TokenDigest("r1")); !ok || c.ID != "r1" || c.DeviceIDHash != wire.TokenDigest("dev") {
+		t.Fatalf("route lost: %+v", c)
+	}
+	if c, ok := r.Lookup(wire.TokenDigest("b1")); !ok || c.MaxUses != 1 {
+		t.Fatal("bootstrap lost")
+	}
+	if _, ok := r.Lookup(wire.TokenDigest("r9")); ok {
+		t.Fatal("a credential of a host no longer in the hosts file survived")
+	}
+	if !r.IsConsumed(wire.TokenDigest("b2"), t0) || !r.IsRevoked(wire.TokenDigest("r2"), t0) {
+		t.Fatal("consumed or revoked digest lost")
+	}
+	// Later, everything has expired past its grace.
+	later, _ := Restore(snap, Hosts{a: wire.Digest{}}, 100, 10, t0.Add(ExpiredGrace+time.Hour))
+	if c, cons, rev := later.Len(); c+cons+rev != 0 {
+		t.Fatalf("expired entries restored: %d %d %d", c, cons, rev)
+	}
+}
+
+func TestParseStateRefusesDamage(t *testing.T) {
+	a := wire.NewID()
+	s := NewState(10, 10)
+	s.Publish(route(a, "r1", "r1", t0.Unix()+60), t0)
+	good := string(s.Snapshot(t0).Marshal())
+	bad := map[string]string{
+		"version 2":      strings.Replace(good, `"version":1`, `"version":2`, 1),
+		"unknown key":    strings.Replace(good, `"version":1`, `"version":1,"x":1`, 1),
+		"bad kind":       strings.Replace(good, `"kind":"route"`, `"kind":"host"`, 1),
+		"route max_uses": strings.Replace(good, `"max_uses":0`, `"max_uses":1`, 1),
+		"bad digest":     strings.Replace(good, `"token_sha256":"`, `"token_sha256":"x`, 1),
+		"duplicate key":  strings.Replace(good, `"version":1`, `"version":1,"version":1`, 1),
+		"float expiry":   strings.Replace(good, `"expires_at":`, `"expires_at":1.5e`, 1),
+		"not json":       "{",
+	}
+	for name, data := range bad {
+		if data == good {
+			t.Fatalf("%s: replacement did not apply", name)
+		}
+		if _, err := ParseState([]byte(data)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestPersisterCoalescesAndWritesOutsideTheLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	var snaps atomic.Int32
+	release := make(chan struct{})
+	p := NewPersister(path, func() []byte {
+		n := snaps.Add(1)
+		if n == 1 {
+			<-release // the first write is slow
+		}
+		return []byte(`{"n":` + string(rune('0'+n)) + `}`)
+	}, zerolog.Nop())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	g1 := p.Mark()
+	time.Sleep(20 * time.Millisecond)
+	var last uint64
+	for i := 0; i < 50; i++ {
+		last = p.Mark()
+	}
+	close(release)
+	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer wcancel()
+	if err := p.Wait(wctx, g1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(wctx, last); err != nil {
+		t.Fatal(err)
+	}
+	if n := snaps.Load(); n != 2 {
+		t.Fatalf("%d writes for 51 marks", n)
+	}
+	data, _ := os.ReadFile(path)
+	if string(data) != `{"n":2}` {
+		t.Fatalf("file %q", data)
+	}
+	fi, _ := os.Stat(path)
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	cancel()
+	<-done
+}
+
+func TestPersisterReportsWriteErrors(t *testing.T) {
+	p := NewPersister(filepath.Join(t.TempDir(), "missing", "state.json"), func() []byte { return []byte("{}") }, zerolog.Nop())
+	g := p.Mark()
+	if err := p.Flush(); err == nil {
+		t.Fatal("write into a missing directory succeeded")
+	}
+	if err := p.Wait(context.Background(), g); err == nil {
+		t.Fatal("Wait hid the write error")
+	}
+}

@@ -46,6 +46,7 @@ func newApp() *cli.App {
 			statusCommand(),
 			doctorCommand(),
 			pairCommand(),
+			brokerCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",

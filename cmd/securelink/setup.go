@@ -101,8 +101,13 @@ func readSecretFile(path string) (string, error) {
 }
 
 func newLogger(cfg *config.Config) zerolog.Logger {
+	return buildLogger(cfg.Log.Level, cfg.Log.Format)
+}
+
+// buildLogger writes to stderr: console on a TTY (or when asked), else JSON
+// lines without timestamps under journald, which stamps every line itself.
+func buildLogger(level, format string) zerolog.Logger {
 	var w io.Writer = os.Stderr
-	format := cfg.Log.Format
 	if format == "auto" {
 		format = "json"
 		if isatty.IsTerminal(os.Stderr.Fd()) {
@@ -112,7 +117,7 @@ func newLogger(cfg *config.Config) zerolog.Logger {
 	if format == "console" {
 		w = zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.RFC3339}
 	}
-	lvl, err := zerolog.ParseLevel(cfg.Log.Level)
+	lvl, err := zerolog.ParseLevel(level)
 	if err != nil {
 		lvl = zerolog.InfoLevel
 	}

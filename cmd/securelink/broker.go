@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/hermes-securelink/securelink/broker/server"
+	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/internal/sdnotify"
+)
+
+var brokerConfigFlag = &cli.StringFlag{
+	Name:     "config",
+	Usage:    "broker configuration `FILE` (YAML; hosts_file and state_file are required)",
+	Required: true,
+}
+
+func brokerCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "broker",
+		Usage: "run or administer a Reach rendezvous broker (experimental)",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "serve",
+				Usage: "run a Reach broker",
+				Flags: []cli.Flag{brokerConfigFlag},
+				Action: func(c *cli.Context) error {
+					if err := noArgs(c); err != nil {
+						return err
+					}
+					return runBroker(c.Context, c.String("config"))
+				},
+			},
+			{
+				Name:  "add-host",
+				Usage: "create a host_id and host token; both are printed once, only the token's digest is stored",
+				Flags: []cli.Flag{brokerConfigFlag, &cli.BoolFlag{Name: "json", Usage: "print {host_id, host_token} as JSON"}},
+				Action: func(c *cli.Context) error {
+					if err := noArgs(c); err != nil {
+						return err
+					}
+					cfg, err := server.LoadConfig(c.String("config"))
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(os.Stderr, "securelink: broker config %s, hosts file %s\n", c.String("config"), cfg.HostsFile)
+					id, tok, err := store.AddHost(cfg.HostsFile)
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						return json.NewEncoder(os.Stdout).Encode(map[string]string{"host_id": id, "host_token": string(tok)})
+					}
+					fmt.Printf("host_id     %s\nhost_token  %s\n\nGive both to the host operator: reach.host_id in the host's config, and the token in the file named by reach.host_token_file (mode 0600). The token is not shown again; only its digest is stored. Reload the broker (SIGHUP) to accept the host.\n", id, string(tok))
+					return nil
+				},
+			},
+			{
+				Name:      "remove-host",
+				Usage:     "remove a host; an online registration is closed with 'revoked' on the broker's next reload",
+				ArgsUsage: "HOST_ID",
+				Flags:     []cli.Flag{brokerConfigFlag},
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return fmt.Errorf("remove-host takes exactly one HOST_ID (flags go before it)")
+					}
+					cfg, err := server.LoadConfig(c.String("config"))
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(os.Stderr, "securelink: broker config %s, hosts file %s\n", c.String("config"), cfg.HostsFile)
+					if err := store.RemoveHost(cfg.HostsFile, c.Args().First()); err != nil {
+						return err
+					}
+					fmt.Println("removed; reload the broker (SIGHUP) to close its registration")
+					return nil
+				},
+			},
+		},
+	}
+}
+
+func runBroker(ctx context.Context, path string) error {
+	cfg, err := server.LoadConfig(path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "securelink: broker config %s, hosts file %s, state file %s\n", path, cfg.HostsFile, cfg.StateFile)
+	log := buildLogger(cfg.LogLevel, cfg.LogFormat)
+	b, err := server.New(*cfg, log)
+	if err != nil {
+		return err
+	}
+	notify := sdnotify.New(log)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				notify.Reloading()
+				if err := b.ReloadHosts(); err != nil {
+					log.Error().Err(err).Str("event", "reload_failed").Msg("hosts file not reloaded; the previous one stays in force")
+				} else {
+					log.Info().Str("event", "reloaded").Msg("hosts file reloaded")
+				}
+				notify.Ready()
+			}
+		}
+	}()
+	// Bind and check the certificate here, so READY means "answering".
+	if !cfg.InsecurePlaintext {
+		if _, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+			b.Close()
+			return fmt.Errorf("broker tls: %w", err)
+		}
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		b.Close()
+		return fmt.Errorf("broker listen %s: %w", cfg.Listen, err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- b.ServeListener(ctx, ln) }()
+	notify.Ready()
+	fmt.Printf("broker listening %s\n", ln.Addr())
+	err = <-errc
+	notify.Stopping()
+	return err
+}

@@ -9,10 +9,8 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"net/url"
@@ -21,9 +19,8 @@ import (
 	"strconv"
 	"strings"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/strictyaml"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -32,10 +29,6 @@ const DefaultPath = "/etc/securelink/config.yaml"
 
 // EnvConfig names the configuration file when --config is not given.
 const EnvConfig = "SECURELINK_CONFIG"
-
-// MaxFileBytes bounds the configuration file; a larger file is not a
-// configuration anyone wrote by hand.
-const MaxFileBytes = 1 << 20
 
 // Config is the front's configuration. Field comments give the default.
 type Config struct {
@@ -55,8 +48,8 @@ type Config struct {
 
 	// File is the file the configuration came from; empty for built-in defaults.
 	File string `yaml:"-"`
-	// lines maps a dotted key path to its line in File, for error messages.
-	lines map[string]int
+	// src knows the line of every key in File, for error messages.
+	src *strictyaml.Source
 }
 
 // TLS selects where the front's identity comes from.
@@ -154,17 +147,9 @@ func Load(path string) (*Config, error) {
 		}
 		return c, nil
 	}
-	f, err := os.Open(path)
+	data, err := strictyaml.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("config: %s: %w", path, err)
-	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("config: %s: larger than %d bytes", path, MaxFileBytes)
 	}
 	return Parse(path, data)
 }
@@ -172,101 +157,20 @@ func Load(path string) (*Config, error) {
 // Parse decodes data (named name in errors) over the defaults and validates it.
 func Parse(name string, data []byte) (*Config, error) {
 	c := Default()
-	c.File = name
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, fmt.Errorf("%s: %s", name, trimYAMLError(err.Error()))
+	src, err := strictyaml.Decode(name, data, c)
+	if err != nil {
+		return nil, err
 	}
-	c.lines = map[string]int{}
-	if len(root.Content) > 0 {
-		if root.Content[0].Kind != yaml.MappingNode {
-			return nil, fmt.Errorf("%s:%d: the configuration must be a mapping of keys", name, root.Content[0].Line)
-		}
-		indexLines(root.Content[0], "", c.lines)
-		dec := yaml.NewDecoder(bytes.NewReader(data))
-		dec.KnownFields(true)
-		if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s", formatDecodeError(name, err))
-		}
-	}
+	c.File, c.src = name, src
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// indexLines records the line of every mapping key by dotted path.
-func indexLines(n *yaml.Node, prefix string, out map[string]int) {
-	if n.Kind != yaml.MappingNode {
-		return
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := n.Content[i]
-		path := k.Value
-		if prefix != "" {
-			path = prefix + "." + k.Value
-		}
-		out[path] = k.Line
-		indexLines(n.Content[i+1], path, out)
-	}
-}
-
-func trimYAMLError(s string) string {
-	return strings.TrimPrefix(s, "yaml: ")
-}
-
-// formatDecodeError turns yaml.v3's "line N: ..." messages into "file:N: ...".
-func formatDecodeError(name string, err error) string {
-	var te *yaml.TypeError
-	var msgs []string
-	if errors.As(err, &te) {
-		msgs = te.Errors
-	} else {
-		msgs = []string{trimYAMLError(err.Error())}
-	}
-	out := make([]string, 0, len(msgs))
-	for _, m := range msgs {
-		m = trimYAMLError(m)
-		if rest, ok := strings.CutPrefix(m, "line "); ok {
-			if i := strings.Index(rest, ": "); i > 0 {
-				if _, err := strconv.Atoi(rest[:i]); err == nil {
-					msg := rest[i+2:]
-					msg = strings.Replace(msg, "not found in type", "is not a known key in", 1)
-					out = append(out, fmt.Sprintf("%s:%s: %s", name, rest[:i], msg))
-					continue
-				}
-			}
-		}
-		out = append(out, name+": "+m)
-	}
-	return strings.Join(out, "; ")
-}
-
 // Errorf formats an error about key, naming file:line when the key came from a file.
 func (c *Config) Errorf(key, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	if c.File == "" {
-		return fmt.Errorf("config: %s: %s", key, msg)
-	}
-	if line, ok := c.lineOf(key); ok {
-		return fmt.Errorf("%s:%d: %s: %s", c.File, line, key, msg)
-	}
-	return fmt.Errorf("%s: %s: %s", c.File, key, msg)
-}
-
-// lineOf finds key's line, falling back to its closest parent that was written.
-func (c *Config) lineOf(key string) (int, bool) {
-	for k := key; k != ""; {
-		if l, ok := c.lines[k]; ok {
-			return l, true
-		}
-		i := strings.LastIndexByte(k, '.')
-		if i < 0 {
-			break
-		}
-		k = k[:i]
-	}
-	return 0, false
+	return c.src.Errorf(key, format, args...)
 }
 
 // Validate checks every key. It does not touch the filesystem or network.

@@ -24,7 +24,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
@@ -221,7 +220,7 @@ func LoadOrCreate(c IdentityConfig) (*Identity, error) {
 	if err := atomicfile.MkdirPrivate(cc.StateDir); err != nil {
 		return nil, err
 	}
-	unlock, err := lockDir(cc.StateDir)
+	unlock, err := atomicfile.LockDir(cc.StateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +261,7 @@ func Rotate(c IdentityConfig) (*Identity, error) {
 	if err := atomicfile.MkdirPrivate(cc.StateDir); err != nil {
 		return nil, err
 	}
-	unlock, err := lockDir(cc.StateDir)
+	unlock, err := atomicfile.LockDir(cc.StateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -325,23 +324,6 @@ func finish(id *Identity, cc checkedConfig) (*Identity, error) {
 	return id, nil
 }
 
-// lockDir serializes creation and rotation between the daemon and commands
-// run by the operator, so two of them cannot each create an identity and
-// end up serving different pins.
-func lockDir(dir string) (func(), error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", dir, err)
-	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
-}
 
 func loadSelfSigned(dir string) (*Identity, error) {
 	di, err := os.Stat(dir)

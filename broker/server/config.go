@@ -1,20 +1,16 @@
 package server
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/strictyaml"
 )
 
 // Config is the broker's configuration. The operator sets the first group
@@ -113,9 +109,8 @@ type Config struct {
 	// time.Now. Tests move it forward instead of sleeping.
 	Now func() time.Time
 
-	// file and lines locate keys in the YAML file for error messages.
-	file  string
-	lines map[string]int
+	// src locates keys in the YAML file for error messages.
+	src *strictyaml.Source
 }
 
 // ACMEConfig is the tls.acme block; ACME is not built yet.
@@ -266,21 +261,10 @@ func loopbackHost(host string) bool {
 }
 
 func (c *Config) errorf(key, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	if c.file == "" {
-		return fmt.Errorf("broker config: %s: %s", key, msg)
+	if c.src == nil {
+		return fmt.Errorf("broker config: %s: %s", key, fmt.Sprintf(format, args...))
 	}
-	for k := key; k != ""; {
-		if l, ok := c.lines[k]; ok {
-			return fmt.Errorf("%s:%d: %s: %s", c.file, l, key, msg)
-		}
-		i := strings.LastIndexByte(k, '.')
-		if i < 0 {
-			break
-		}
-		k = k[:i]
-	}
-	return fmt.Errorf("%s: %s: %s", c.file, key, msg)
+	return c.src.Errorf(key, format, args...)
 }
 
 func (c *Config) now() time.Time {
@@ -292,9 +276,6 @@ func (c *Config) now() time.Time {
 
 // ---------------------------------------------------------------------------
 // YAML file
-
-// MaxConfigBytes bounds the configuration file.
-const MaxConfigBytes = 1 << 20
 
 // fileConfig is the YAML form (spec/operations.md "Broker configuration").
 // Pointers tell "absent" from "zero" so defaults survive.
@@ -338,17 +319,9 @@ type fileLog struct {
 // validates it. Unknown keys, wrong types and bad values are errors naming
 // file:line.
 func LoadConfig(path string) (*Config, error) {
-	f, err := os.Open(path)
+	data, err := strictyaml.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("broker config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxConfigBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("broker config: %s: %w", path, err)
-	}
-	if len(data) > MaxConfigBytes {
-		return nil, fmt.Errorf("broker config: %s: larger than %d bytes", path, MaxConfigBytes)
 	}
 	return ParseConfig(path, data)
 }
@@ -357,26 +330,13 @@ func LoadConfig(path string) (*Config, error) {
 // validates the result.
 func ParseConfig(name string, data []byte) (*Config, error) {
 	c := DefaultConfig()
-	c.file = name
-	c.lines = map[string]int{}
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, fmt.Errorf("%s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	var fc fileConfig
+	src, err := strictyaml.Decode(name, data, &fc)
+	if err != nil {
+		return nil, err
 	}
-	if len(root.Content) > 0 {
-		doc := root.Content[0]
-		if doc.Kind != yaml.MappingNode {
-			return nil, fmt.Errorf("%s:%d: the broker configuration must be a mapping of keys", name, doc.Line)
-		}
-		indexLines(doc, "", c.lines)
-		var fc fileConfig
-		dec := yaml.NewDecoder(bytes.NewReader(data))
-		dec.KnownFields(true)
-		if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-			return nil, errors.New(formatYAMLError(name, err))
-		}
-		fc.apply(&c)
-	}
+	c.src = src
+	fc.apply(&c)
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -413,49 +373,4 @@ func (fc *fileConfig) apply(c *Config) {
 	c.MetricsListen = fc.Metrics.Listen
 	set(&c.LogLevel, fc.Log.Level)
 	set(&c.LogFormat, fc.Log.Format)
-}
-
-// indexLines records the line of every mapping key by dotted path.
-func indexLines(n *yaml.Node, prefix string, out map[string]int) {
-	if n.Kind != yaml.MappingNode {
-		return
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := n.Content[i]
-		path := k.Value
-		if prefix != "" {
-			path = prefix + "." + k.Value
-		}
-		out[path] = k.Line
-		indexLines(n.Content[i+1], path, out)
-	}
-}
-
-// formatYAMLError turns yaml.v3's "line N: ..." messages into "file:N: ...".
-func formatYAMLError(name string, err error) string {
-	var te *yaml.TypeError
-	msgs := []string{err.Error()}
-	if errors.As(err, &te) {
-		msgs = te.Errors
-	}
-	out := make([]string, 0, len(msgs))
-	for _, m := range msgs {
-		m = strings.TrimPrefix(m, "yaml: ")
-		if rest, ok := strings.CutPrefix(m, "line "); ok {
-			if i := strings.Index(rest, ": "); i > 0 {
-				if _, err := strconv.Atoi(rest[:i]); err == nil {
-					msg := strings.Replace(rest[i+2:], "not found in type", "is not a known key in", 1)
-					msg = strings.ReplaceAll(msg, "server.fileConfig", "the broker configuration")
-					msg = strings.ReplaceAll(msg, "server.fileTLS", "tls")
-					msg = strings.ReplaceAll(msg, "server.fileACME", "tls.acme")
-					msg = strings.ReplaceAll(msg, "server.fileMetrics", "metrics")
-					msg = strings.ReplaceAll(msg, "server.fileLog", "log")
-					out = append(out, fmt.Sprintf("%s:%s: %s", name, rest[:i], msg))
-					continue
-				}
-			}
-		}
-		out = append(out, name+": "+m)
-	}
-	return strings.Join(out, "; ")
 }

@@ -113,14 +113,14 @@ func TestLoadConfigErrorsNameFileAndLine(t *testing.T) {
 	cases := []struct {
 		yaml, want string
 	}{
-		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmax_host: 3\n", ":5: field max_host is not a known key"},
-		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ntls:\n  cert_file: c\n  keyfile: k\n", ":7: field keyfile is not a known key in tls"},
+		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmax_host: 3\n", ":5: unknown key max_host"},
+		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ntls:\n  cert_file: c\n  keyfile: k\n", ":7: unknown key keyfile"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmax_streams_per_host: many\n", ":5:"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmax_streams_per_route: 0\n", ":5: max_streams_per_route: must be"},
 		{"hosts_file: h\nstate_file: s\nlisten: 0.0.0.0:1\ninsecure_plaintext: true\n", ":4: insecure_plaintext: plain ws:// is allowed only"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ntls:\n  acme:\n    email: a@b\n", ":6: tls.acme: ACME is not supported yet"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmetrics:\n  listen: 127.0.0.1:9\n", ":6: metrics.listen: metrics are not supported yet"},
-		{"- a\n- b\n", ":1: the broker configuration must be a mapping"},
+		{"- a\n- b\n", ":1: the configuration must be a mapping"},
 		{"state_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\n", "hosts_file: required"},
 	}
 	for _, c := range cases {

@@ -20,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"syscall"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
@@ -175,7 +174,7 @@ func editHosts(path string, create bool, edit func(Hosts) error) error {
 	if err := atomicfile.CheckWriter(dir); err != nil {
 		return err
 	}
-	unlock, err := lockDir(dir)
+	unlock, err := atomicfile.LockDir(dir)
 	if err != nil {
 		return err
 	}
@@ -193,22 +192,6 @@ func editHosts(path string, create bool, edit func(Hosts) error) error {
 	return atomicfile.WriteFile(path, h.Marshal(), FileMode)
 }
 
-// lockDir takes an exclusive flock on dir. Locking the file itself would not
-// serialize writers, because every write replaces the file by rename.
-func lockDir(dir string) (func(), error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", dir, err)
-	}
-	return func() {
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
-}
 
 // readPrivate reads at most max bytes of path, refusing a file that group
 // or others may write.

@@ -156,3 +156,21 @@ func MkdirPrivate(dir string) error {
 	}
 	return SyncDir(parent)
 }
+
+// LockDir takes an exclusive flock on dir and returns its release. Writers
+// of files in dir serialize on the directory, not the file: every write
+// replaces the file by rename, so a lock on the file itself would not hold.
+func LockDir(dir string) (func(), error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}

@@ -324,7 +324,6 @@ func finish(id *Identity, cc checkedConfig) (*Identity, error) {
 	return id, nil
 }
 
-
 func loadSelfSigned(dir string) (*Identity, error) {
 	di, err := os.Stat(dir)
 	if errors.Is(err, os.ErrNotExist) {

@@ -192,7 +192,6 @@ func editHosts(path string, create bool, edit func(Hosts) error) error {
 	return atomicfile.WriteFile(path, h.Marshal(), FileMode)
 }
 
-
 // readPrivate reads at most max bytes of path, refusing a file that group
 // or others may write.
 func readPrivate(path string, max int64) ([]byte, error) {

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// echoRelay is a Relay stand-in whose /ws echoes every message.
+func echoRelay(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			w.Write([]byte(`{"status":"ok"}`))
+		case "/ws":
+			c, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer c.CloseNow()
+			for {
+				typ, b, err := c.Read(r.Context())
+				if err != nil {
+					return
+				}
+				if err := c.Write(r.Context(), typ, b); err != nil {
+					return
+				}
+			}
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// taggedAPI answers every request with its tag, to tell two upstreams apart.
+func taggedAPI(t *testing.T, tag string, delay time.Duration) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if delay > 0 && r.URL.Path == "/slow" {
+			time.Sleep(delay)
+		}
+		w.Write([]byte(tag))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// eitherPin trusts exactly the given pins (SPKI SHA-256), as a client that
+// was re-paired mid-test would.
+func eitherPin(pins ...string) *tls.Config {
+	return &tls.Config{
+		InsecureSkipVerify: true, // replaced by the exact pin check below
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			sum := sha256.Sum256(cs.PeerCertificates[0].RawSubjectPublicKeyInfo)
+			got := "sha256/" + base64.StdEncoding.EncodeToString(sum[:])
+			for _, p := range pins {
+				if got == p {
+					return nil
+				}
+			}
+			return errors.New("pin mismatch")
+		},
+	}
+}
+
+func rewriteAPI(t *testing.T, cfgPath, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Replace(string(b), `api: "`+from+`"`, `api: "`+to+`"`, 1)
+	if s == string(b) {
+		t.Fatal("api upstream not found in config")
+	}
+	os.WriteFile(cfgPath, []byte(s), 0o600)
+}
+
+func TestReloadUnderLoad(t *testing.T) {
+	dir := t.TempDir()
+	relay := echoRelay(t)
+	apiA, apiB := taggedAPI(t, "A", 0), taggedAPI(t, "B", 0)
+	cfgPath := writeConfig(t, dir, relay.URL)
+	rewriteAPI(t, cfgPath, "http://127.0.0.1:1", apiA.URL)
+	d := startDaemon(t, cfgPath)
+	oldPin := d.pin
+
+	// Rotate on disk first (the daemon keeps serving the old identity), and
+	// point the API at another upstream.
+	if _, se, err := runCLI(t, "pin", "--rotate", "--yes", "--config", cfgPath); err != nil {
+		t.Fatalf("rotate: %v %s", err, se)
+	}
+	so, _, _ := runCLI(t, "pin", "--json", "--config", cfgPath)
+	var pj struct {
+		Pin string `json:"pin_sha256"`
+	}
+	json.Unmarshal([]byte(so), &pj)
+	rewriteAPI(t, cfgPath, apiA.URL, apiB.URL)
+	tlsCfg := eitherPin(oldPin, pj.Pin)
+
+	// 50 open WebSockets through /relay/ws, on the old identity.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	wsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+	var socks []*websocket.Conn
+	for i := 0; i < 50; i++ {
+		c, _, err := websocket.Dial(ctx, "wss://"+d.addr+"/relay/ws", &websocket.DialOptions{HTTPClient: wsClient})
+		if err != nil {
+			t.Fatalf("ws %d: %v", i, err)
+		}
+		defer c.CloseNow()
+		socks = append(socks, c)
+	}
+
+	// A stream of HTTP requests (fresh handshakes and keep-alive) while the
+	// daemon reloads.
+	var failed, served atomic.Int64
+	var seenB atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			tr := &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: w%2 == 0}
+			defer tr.CloseIdleConnections()
+			c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := c.Get("https://" + d.addr + "/api/x")
+				if err != nil {
+					failed.Add(1)
+					t.Logf("request failed: %v", err)
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					failed.Add(1)
+					t.Logf("status %d", resp.StatusCode)
+					continue
+				}
+				if string(b) == "B" {
+					seenB.Store(true)
+				}
+				served.Add(1)
+			}
+		}(w)
+	}
+	time.Sleep(300 * time.Millisecond)
+	d.cmd.Process.Signal(syscall.SIGHUP)
+
+	// Wait until the new identity is served and the new upstream answers.
+	deadline := time.Now().Add(15 * time.Second)
+	for !seenB.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("reload not applied; daemon: %s", d.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := pinnedGet(t, d.addr, pj.Pin, "/relay/health")
+	if err != nil {
+		t.Fatalf("new pin not served after reload: %v", err)
+	}
+	resp.Body.Close()
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	// Every WebSocket opened before the reload still echoes.
+	for i, c := range socks {
+		msg := fmt.Sprintf("still here %d", i)
+		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatalf("ws %d dropped by reload: %v", i, err)
+		}
+		_, b, err := c.Read(ctx)
+		if err != nil || string(b) != msg {
+			t.Fatalf("ws %d after reload: %q %v", i, b, err)
+		}
+	}
+	if failed.Load() != 0 || served.Load() == 0 {
+		t.Fatalf("%d requests failed, %d served", failed.Load(), served.Load())
+	}
+}
+
+func TestGracefulStopFinishesInFlight(t *testing.T) {
+	dir := t.TempDir()
+	api := taggedAPI(t, "done", 1500*time.Millisecond)
+	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	rewriteAPI(t, cfgPath, "http://127.0.0.1:1", api.URL)
+	d := startDaemon(t, cfgPath)
+
+	type result struct {
+		body string
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		resp, err := pinnedGet(t, d.addr, d.pin, "/api/slow")
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		res <- result{string(b), err}
+	}()
+	time.Sleep(300 * time.Millisecond) // the request is in flight upstream
+	start := time.Now()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	r := <-res
+	if r.err != nil || r.body != "done" {
+		t.Fatalf("in-flight request cut by SIGTERM: %q %v", r.body, r.err)
+	}
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("exit status after SIGTERM: %v", err)
+	}
+	if time.Since(start) > shutdownGrace+5*time.Second {
+		t.Fatalf("stop took %s, beyond the grace", time.Since(start))
+	}
+	// New connections are refused once stopped.
+	if _, err := pinnedGet(t, d.addr, d.pin, "/relay/health"); err == nil {
+		t.Fatal("daemon still answering after it exited")
+	}
+}

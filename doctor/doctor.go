@@ -8,9 +8,13 @@ package doctor
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -116,11 +120,93 @@ func Run(ctx context.Context, cfg *config.Config, cfgErr error, stateDir string,
 	checkUpstreams(ctx, cfg, o, add)
 	checkDaemon(ctx, cfg, stateDir, localPin, o, add)
 	if cfg.Reach.Enabled {
-		add(Result{"reach", Fail, "reach.enabled is on, but this build has no Reach connector yet", "set reach.enabled: false"})
+		checkBroker(ctx, cfg, o, add)
 	} else {
 		add(Result{"reach", OK, "disabled", ""})
 	}
 	return rs
+}
+
+// checkBroker looks the broker up, completes a TLS handshake with the trust
+// the connector uses and reads GET /health. It never registers: a
+// registration with the host's credentials would displace the daemon's.
+func checkBroker(ctx context.Context, cfg *config.Config, o Options, add func(Result)) {
+	u, err := url.Parse(cfg.Reach.BrokerURL)
+	if err != nil || config.CheckBrokerURL(cfg.Reach.BrokerURL) != nil {
+		add(Result{"reach broker", Fail, "reach.broker_url is not wss://host[:port]/v1/connect", "fix reach.broker_url"})
+		return
+	}
+	host := u.Hostname()
+	lctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if _, err := net.DefaultResolver.LookupHost(lctx, host); err != nil {
+		add(Result{"reach dns", Fail, fmt.Sprintf("%s does not resolve (%s)", host, errKind(err)), "check the broker's DNS name and this host's resolver"})
+		return
+	}
+	add(Result{"reach dns", OK, host + " resolves", ""})
+	pool, err := BrokerRoots(cfg.Reach.CAFile)
+	if err != nil {
+		add(Result{"reach tls", Fail, err.Error(), "fix reach.ca_file"})
+		return
+	}
+	port := u.Port()
+	if port == "" {
+		port = "443"
+	}
+	hc := &http.Client{
+		Timeout: o.Timeout,
+		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true,
+			TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	health := &url.URL{Scheme: "https", Host: net.JoinHostPort(host, port), Path: "/health"}
+	status, body, date, err := get(ctx, hc, health)
+	if err != nil {
+		var ce *tls.CertificateVerificationError
+		if errors.As(err, &ce) {
+			add(Result{"reach tls", Fail, "the broker's certificate is not trusted: " + ce.Err.Error(), "use a publicly trusted certificate on the broker, or set reach.ca_file to its CA"})
+			return
+		}
+		add(Result{"reach broker", Fail, fmt.Sprintf("%s unreachable (%s)", health.Host, errKind(err)), "check that the broker runs and that outbound connections to it are allowed"})
+		return
+	}
+	add(Result{"reach tls", OK, "certificate trusted for " + host, ""})
+	var h struct {
+		OK      bool   `json:"ok"`
+		Service string `json:"service"`
+		Version int    `json:"protocol_version"`
+	}
+	if status != http.StatusOK || json.Unmarshal(body, &h) != nil || !h.OK || h.Service != "hermes_reach" || h.Version != 1 {
+		add(Result{"reach broker", Fail, fmt.Sprintf("%s/health is not a Reach v1 broker (status %d)", health.Host, status), "check reach.broker_url"})
+	} else {
+		add(Result{"reach broker", OK, health.Host + " answers as a Reach v1 broker", ""})
+	}
+	if !date.IsZero() {
+		if skew := o.Now().Sub(date); skew > o.MaxSkew || -skew > o.MaxSkew {
+			add(Result{"clock broker", Fail, fmt.Sprintf("the broker's clock differs from ours by %s", skew.Round(time.Second)),
+				"synchronise clocks (e.g. systemd-timesyncd); credential expiry depends on them"})
+		}
+	}
+}
+
+// BrokerRoots is the trust the connector uses for the broker: the system
+// roots plus reach.ca_file when set.
+func BrokerRoots(caFile string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if caFile == "" {
+		return pool, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("reach.ca_file: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("reach.ca_file %s holds no PEM certificate", caFile)
+	}
+	return pool, nil
 }
 
 func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add func(Result)) *pinning.Identity {

@@ -218,3 +218,58 @@ func writeCertFiles(t *testing.T, dir, ip string) (string, string) {
 	os.WriteFile(kf, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600)
 	return cf, kf
 }
+
+func brokerFixture(t *testing.T, f *fixture, health string) {
+	t.Helper()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			w.Write([]byte(health))
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
+	f.cfg.Reach.Enabled = true
+	f.cfg.Reach.BrokerURL = "wss://" + srv.Listener.Addr().String() + "/v1/connect"
+	f.cfg.Reach.CAFile = ca
+}
+
+func TestBrokerHealthy(t *testing.T) {
+	f := newFixture(t)
+	brokerFixture(t, f, `{"ok":true,"service":"hermes_reach","protocol_version":1,"hosts_online":0,"active_streams":0}`)
+	rs := f.run(t)
+	for _, c := range []string{"reach dns", "reach tls", "reach broker"} {
+		if r := find(t, rs, c); r.Status != OK {
+			t.Errorf("%s: %+v", c, r)
+		}
+	}
+}
+
+func TestBrokerUnreachable(t *testing.T) {
+	f := newFixture(t)
+	brokerFixture(t, f, "")
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := l.Addr().String()
+	l.Close()
+	f.cfg.Reach.BrokerURL = "wss://" + dead + "/v1/connect"
+	r := find(t, f.run(t), "reach broker")
+	if r.Status != Fail || !strings.Contains(r.Fix, "broker runs") {
+		t.Fatalf("unreachable broker: %+v", r)
+	}
+}
+
+func TestBrokerUntrustedOrNotReach(t *testing.T) {
+	f := newFixture(t)
+	brokerFixture(t, f, `{"ok":true}`)
+	r := find(t, f.run(t), "reach broker")
+	if r.Status != Fail || !strings.Contains(r.Detail, "not a Reach v1 broker") {
+		t.Fatalf("non-Reach health: %+v", r)
+	}
+	f.cfg.Reach.CAFile = ""
+	r = find(t, f.run(t), "reach tls")
+	if r.Status != Fail || !strings.Contains(r.Fix, "reach.ca_file") {
+		t.Fatalf("untrusted broker: %+v", r)
+	}
+}

@@ -81,6 +81,10 @@ func NewBridge(o Options) (*Bridge, error) {
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: 64 << 10,
 		ResponseHeaderTimeout:  o.DialTimeout,
+		// Used only for the upgrade exchange and then dropped: small, so
+		// opening many connections leaves less garbage behind.
+		ReadBufferSize:  1 << 10,
+		WriteBufferSize: 1 << 10,
 	}
 	b := &Bridge{
 		o:   o,
@@ -212,13 +216,12 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, msg, code)
 		return
 	}
-	source, broker := SourceOf(r), FromBrokerStream(r.Context())
-	log := b.log.With().Str("remote", peerOf(r)).Str("source", source).Logger()
+	source, broker, remote := SourceOf(r), FromBrokerStream(r.Context()), peerOf(r)
 	if left, blocked := b.limiter.blocked(source); blocked {
 		secs := int64((left + time.Second - 1) / time.Second)
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 		http.Error(w, "too many failed authentications", http.StatusTooManyRequests)
-		log.Debug().Msg("relay: upgrade refused, source blocked")
+		b.logAt(zerolog.DebugLevel, remote, source).Msg("relay: upgrade refused, source blocked")
 		return
 	}
 	if !b.admit() {
@@ -238,11 +241,11 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", ra)
 			}
 			http.Error(w, http.StatusText(resp.StatusCode), resp.StatusCode)
-			log.Debug().Int("status", resp.StatusCode).Msg("relay: upstream refused upgrade")
+			b.logAt(zerolog.DebugLevel, remote, source).Int("status", resp.StatusCode).Msg("relay: upstream refused upgrade")
 			return
 		}
 		http.Error(w, "relay unavailable", http.StatusBadGateway)
-		log.Warn().Str("upstream", t.host).Str("error", dialErrorText(err)).Msg("relay: upstream upgrade failed")
+		b.logAt(zerolog.WarnLevel, remote, source).Str("upstream", t.host).Str("error", dialErrorText(err)).Msg("relay: upstream upgrade failed")
 		return
 	}
 
@@ -256,7 +259,7 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p := up.Subprotocol(); p != "" {
 		selected = []string{p}
 	}
-	cl, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+	cl, err := websocket.Accept(smallBuffers(w), r, &websocket.AcceptOptions{
 		Subprotocols: selected,
 		// Origin is the Relay's decision: it receives the client's Origin.
 		InsecureSkipVerify: true,
@@ -264,17 +267,33 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil {
 		_ = up.Close(websocket.StatusGoingAway, "client handshake failed")
-		log.Debug().Err(err).Msg("relay: client upgrade failed")
+		b.logAt(zerolog.DebugLevel, remote, source).Err(err).Msg("relay: client upgrade failed")
 		return
 	}
 
-	s := newSession(b, cl, up, source, broker, log)
+	s := newSession(b, cl, up, remote, source, broker)
 	if !b.register(s) {
 		s.end(goingAway, goingAway, "shutdown")
 		return
 	}
-	defer b.unregister(s)
-	s.run()
+	// The session runs on its own goroutine and the handler returns: the
+	// server's connection goroutine, whose stack grew through the TLS and
+	// HTTP handshakes, and the request and response it holds are released
+	// instead of parking for the connection's lifetime. Adding to wg is safe
+	// here: this handler's own slot keeps the counter above zero.
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer b.unregister(s)
+		s.run()
+	}()
+}
+
+// logAt starts a log event with the connection's fields. Sessions keep the
+// two strings rather than a derived zerolog.Logger, whose copied context
+// buffer every idle connection would otherwise hold; the output is the same.
+func (b *Bridge) logAt(level zerolog.Level, remote, source string) *zerolog.Event {
+	return b.log.WithLevel(level).Str("remote", remote).Str("source", source)
 }
 
 // checkClientHandshake validates the client's upgrade before the Relay is

@@ -57,21 +57,31 @@ func forwardClose(err error) closeSpec {
 	return closeSpec{ce.Code, reason}
 }
 
-// session is one bridged connection: the client leg, the Relay leg, a pump
-// per direction and a keepalive per leg.
+// session is one bridged connection: the client leg, the Relay leg and a
+// pump per direction. Nothing else runs while the session is idle: the
+// keepalives and write deadlines are timers whose callbacks exist only while
+// they fire, because every parked goroutine costs an idle connection at
+// least a stack.
 type session struct {
 	b      *Bridge
 	client *websocket.Conn
 	relay  *websocket.Conn
+	remote string // for logs
 	source string
 	broker bool
-	log    zerolog.Logger
 
 	done    chan struct{} // closed when the session starts ending
 	endOnce sync.Once
 	// Set inside endOnce; read after the pumps returned.
 	cause             string
 	toClient, toRelay closeSpec
+
+	// Timer callbacks register in timerWG under timerMu unless timersOff,
+	// so run can stop them all and wait for the ones already running.
+	timerMu    sync.Mutex
+	timersOff  bool
+	timerWG    sync.WaitGroup
+	keepalives [2]keepalive
 
 	// Only for broker connections with a Handoff: the client's first frame,
 	// written by the client→Relay pump, read by the Relay→client pump.
@@ -85,48 +95,46 @@ type session struct {
 	msgsOut, bytesOut int64 // Relay→client pump only
 }
 
-func newSession(b *Bridge, cl, up *websocket.Conn, source string, broker bool, log zerolog.Logger) *session {
+func newSession(b *Bridge, cl, up *websocket.Conn, remote, source string, broker bool) *session {
 	// The library's own limit sits one byte above ours so that the bridge,
 	// not the library, detects an oversize message and closes both legs.
 	cl.SetReadLimit(b.o.MaxMessageBytes + 1)
 	up.SetReadLimit(b.o.MaxMessageBytes + 1)
 	return &session{
-		b: b, client: cl, relay: up, source: source, broker: broker, log: log,
+		b: b, client: cl, relay: up, remote: remote, source: source, broker: broker,
 		done: make(chan struct{}),
 	}
 }
 
-// run bridges until both pumps have stopped, then waits for the keepalives.
+// run bridges until both pumps have stopped and every timer callback has
+// returned. The caller's goroutine pumps client→Relay; one more goroutine
+// pumps Relay→client.
 func (s *session) run() {
-	s.log.Debug().Msg("relay: bridged")
-	var pumps, keepalives sync.WaitGroup
+	s.logAt(zerolog.DebugLevel).Msg("relay: bridged")
+	s.startKeepalives()
+	var pumps sync.WaitGroup
 	pumps.Add(1)
-	keepalives.Add(2)
 	go func() {
 		defer pumps.Done()
 		s.pump(s.relay, s.client, false)
-	}()
-	go func() {
-		defer keepalives.Done()
-		s.keepalive(s.client, "client")
-	}()
-	go func() {
-		defer keepalives.Done()
-		s.keepalive(s.relay, "relay")
 	}()
 	s.pump(s.client, s.relay, true)
 	pumps.Wait()
 	// A pump that failed to write stops without ending the session (the
 	// reader of the failed leg reports how it ended); if both did, end here.
 	s.end(noStatus, noStatus, "write failed")
-	keepalives.Wait()
-	s.log.Debug().
+	s.stopTimers()
+	s.logAt(zerolog.DebugLevel).
 		Str("cause", s.cause).
 		Int("close_code_client", int(s.toClient.code)).
 		Int("close_code_relay", int(s.toRelay.code)).
 		Int64("msgs_in", s.msgsIn).Int64("bytes_in", s.bytesIn).
 		Int64("msgs_out", s.msgsOut).Int64("bytes_out", s.bytesOut).
 		Msg("relay: closed")
+}
+
+func (s *session) logAt(level zerolog.Level) *zerolog.Event {
+	return s.b.logAt(level, s.remote, s.source)
 }
 
 // end closes both legs once, each with its close frame, and waits for both
@@ -146,37 +154,82 @@ func (s *session) end(toClient, toRelay closeSpec, cause string) {
 	})
 }
 
+// enterTimer admits one timer callback; false once the session stopped its
+// timers. A true result must be paired with timerWG.Done.
+func (s *session) enterTimer() bool {
+	s.timerMu.Lock()
+	defer s.timerMu.Unlock()
+	if s.timersOff {
+		return false
+	}
+	s.timerWG.Add(1)
+	return true
+}
+
+// stopTimers disarms the keepalives and waits for callbacks still running
+// (a ping in flight returns as soon as its leg is closed, which it is by now).
+func (s *session) stopTimers() {
+	s.timerMu.Lock()
+	s.timersOff = true
+	s.timerMu.Unlock()
+	for i := range s.keepalives {
+		if t := s.keepalives[i].timer; t != nil {
+			t.Stop() // a stopped timer drops its reference to the session at once
+		}
+	}
+	s.timerWG.Wait()
+}
+
+// Message buffers come from a shared pool and are taken only once a message
+// has started to arrive, so an idle connection holds none. A buffer that grew
+// past retainBufBytes for a large message is dropped afterwards rather than
+// pooled, so one burst of big messages does not pin memory.
+const (
+	pooledBufBytes = 8 << 10
+	retainBufBytes = 64 << 10
+)
+
+var msgBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, pooledBufBytes)
+	return &b
+}}
+
 // pump relays messages from src to dst in order, each read whole (bounded by
 // MaxMessageBytes) and written with its own type.
 func (s *session) pump(src, dst *websocket.Conn, toRelay bool) {
 	limit := s.b.o.MaxMessageBytes
+	wd := &writeDeadline{s: s, conn: dst}
+	defer wd.stop()
 	for {
 		typ, rd, err := src.Reader(context.Background())
 		if err == nil {
+			bp := msgBufs.Get().(*[]byte)
 			var data []byte
-			data, err = io.ReadAll(io.LimitReader(rd, limit+1))
+			data, err = readMessage(rd, (*bp)[:0], limit)
 			if err == nil && int64(len(data)) > limit {
 				s.end(tooBig, tooBig, "message too big")
 				return
 			}
 			if err == nil {
-				if toRelay {
-					s.observeClient(data)
-				} else {
-					data = s.observeRelay(typ, data)
+				n := int64(len(data))
+				ok := s.forward(wd, typ, data, toRelay)
+				if cap(data) <= retainBufBytes {
+					*bp = data[:0]
+					msgBufs.Put(bp)
 				}
-				if !s.write(dst, typ, data) {
+				if !ok {
 					return
 				}
 				if toRelay {
 					s.msgsIn++
-					s.bytesIn += int64(len(data))
+					s.bytesIn += n
 				} else {
 					s.msgsOut++
-					s.bytesOut += int64(len(data))
+					s.bytesOut += n
 				}
 				continue
 			}
+			// The message buffer is dropped with the failed read.
 		}
 		// src ended: its peer's close frame (already answered by the
 		// library) or a failure. The same code goes to both legs; on src it
@@ -191,18 +244,113 @@ func (s *session) pump(src, dst *websocket.Conn, toRelay bool) {
 	}
 }
 
-// write sends one message to dst within WriteTimeout. On failure dst is
-// unusable; it is closed so its own reader notices and ends the session with
-// the code dst reported, if any.
-func (s *session) write(dst *websocket.Conn, typ websocket.MessageType, data []byte) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), s.b.o.WriteTimeout)
-	err := dst.Write(ctx, typ, data)
-	cancel()
+// forward observes one message and writes it (or the handoff's result) to
+// the other leg; data is the pump's buffer and is not retained.
+func (s *session) forward(wd *writeDeadline, typ websocket.MessageType, data []byte, toRelay bool) bool {
+	if toRelay {
+		s.observeClient(data)
+	} else {
+		data = s.observeRelay(typ, data)
+	}
+	return wd.write(typ, data)
+}
+
+// readMessage appends the rest of one message to buf, growing it (doubling,
+// never past limit+1) until the message ends or limit+1 bytes are read; more
+// than limit bytes means the message is too big. It never asks rd for more
+// than limit+1 bytes in all, even when buf is larger (a pooled buffer under a
+// small limit): past that the library would enforce its own limit instead.
+func readMessage(rd io.Reader, buf []byte, limit int64) ([]byte, error) {
+	for {
+		end := int(min(int64(cap(buf)), limit+1))
+		if len(buf) == end {
+			if int64(len(buf)) > limit {
+				return buf, nil
+			}
+			// Probe before growing: a message that exactly fills the buffer
+			// (a power-of-two size, or exactly the limit) must not cost a copy.
+			var probe [1]byte
+			n, err := rd.Read(probe[:])
+			if n == 0 {
+				if err == io.EOF {
+					return buf, nil
+				}
+				if err != nil {
+					return buf, err
+				}
+				continue
+			}
+			buf = grow(buf, limit+1)
+			buf = append(buf, probe[0])
+			if err == io.EOF {
+				return buf, nil
+			}
+			if err != nil {
+				return buf, err
+			}
+			continue
+		}
+		n, err := rd.Read(buf[len(buf):end])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+// grow returns buf with double its capacity (at least 512 bytes), capped at
+// ceiling.
+func grow(buf []byte, ceiling int64) []byte {
+	n := min(max(int64(cap(buf))*2, 512), ceiling)
+	nb := make([]byte, len(buf), n)
+	copy(nb, buf)
+	return nb
+}
+
+// writeDeadline bounds each write to one leg by WriteTimeout with a single
+// reusable timer per direction: the library would otherwise arm a context
+// timer per frame, and a context per message costs several allocations. On
+// expiry the timer closes the leg, which fails the blocked write, exactly
+// what the library does when a write's context expires.
+type writeDeadline struct {
+	s     *session
+	conn  *websocket.Conn
+	timer *time.Timer
+}
+
+// write sends one message to the leg within WriteTimeout. On failure the leg
+// is unusable; it is closed so its own reader notices and ends the session
+// with the code the leg reported, if any.
+func (w *writeDeadline) write(typ websocket.MessageType, data []byte) bool {
+	if w.timer == nil {
+		w.timer = time.AfterFunc(w.s.b.o.WriteTimeout, w.expire)
+	} else {
+		w.timer.Reset(w.s.b.o.WriteTimeout)
+	}
+	err := w.conn.Write(context.Background(), typ, data)
+	w.timer.Stop()
 	if err != nil {
-		_ = dst.CloseNow()
+		_ = w.conn.CloseNow()
 		return false
 	}
 	return true
+}
+
+func (w *writeDeadline) expire() {
+	if !w.s.enterTimer() {
+		return
+	}
+	defer w.s.timerWG.Done()
+	_ = w.conn.CloseNow()
+}
+
+func (w *writeDeadline) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 }
 
 // keepalive pings one leg every PingInterval and drops it when PongTimeout
@@ -211,31 +359,77 @@ func (s *session) write(dst *websocket.Conn, typ websocket.MessageType, data []b
 // sign of life, not 60 s after the next ping). The dropped leg's reader then
 // ends the session with a close without status on the other leg: the peer
 // vanished, an abnormal closure.
-func (s *session) keepalive(c *websocket.Conn, leg string) {
-	t := time.NewTicker(s.b.o.PingInterval)
-	defer t.Stop()
-	lastPong := time.Now()
-	for {
-		select {
-		case <-s.done:
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), lastPong.Add(s.b.o.PongTimeout))
-		err := c.Ping(ctx)
-		cancel()
-		if err == nil {
-			lastPong = time.Now()
-			continue
-		}
+//
+// It is a timer, not a goroutine: pings follow a ticker's schedule (every
+// PingInterval from the start; a ping that outlasts an interval is followed
+// by the next one at once), and between pings nothing is parked.
+type keepalive struct {
+	s        *session
+	conn     *websocket.Conn
+	leg      string
+	timer    *time.Timer // set under s.timerMu before the first tick can read it
+	next     time.Time   // the schedule slot the armed timer stands for
+	lastPong time.Time
+}
+
+func (s *session) startKeepalives() {
+	now := time.Now()
+	every := s.b.o.PingInterval
+	s.timerMu.Lock()
+	defer s.timerMu.Unlock()
+	for i, leg := range []struct {
+		c    *websocket.Conn
+		name string
+	}{{s.client, "client"}, {s.relay, "relay"}} {
+		k := &s.keepalives[i]
+		*k = keepalive{s: s, conn: leg.c, leg: leg.name, next: now.Add(every), lastPong: now}
+		k.timer = time.AfterFunc(every, k.tick)
+	}
+}
+
+func (k *keepalive) tick() {
+	s := k.s
+	if !s.enterTimer() {
+		return
+	}
+	defer s.timerWG.Done()
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), k.lastPong.Add(s.b.o.PongTimeout))
+	err := k.conn.Ping(ctx)
+	cancel()
+	if err != nil {
 		select {
 		case <-s.done:
 		default:
-			s.log.Info().Str("leg", leg).Msg("relay: no pong, dropping connection")
-			_ = c.CloseNow()
+			s.logAt(zerolog.InfoLevel).Str("leg", k.leg).Msg("relay: no pong, dropping connection")
+			_ = k.conn.CloseNow()
 		}
 		return
 	}
+	now := time.Now()
+	k.lastPong = now
+	every := s.b.o.PingInterval
+	k.next = k.next.Add(every)
+	wait := k.next.Sub(now)
+	if wait <= 0 {
+		// Slots went by during the ping: one fires at once, the schedule
+		// resumes at the first slot after now.
+		for !k.next.Add(every).After(now) {
+			k.next = k.next.Add(every)
+		}
+		wait = 0
+	}
+	// Re-armed under timerMu so stopTimers cannot be overtaken by a late
+	// re-arm; that also orders this tick's fields before the next tick's.
+	s.timerMu.Lock()
+	if !s.timersOff {
+		k.timer.Reset(wait)
+	}
+	s.timerMu.Unlock()
 }
 
 // observeClient keeps the client's first frame for the route-credential
@@ -246,7 +440,8 @@ func (s *session) observeClient(data []byte) {
 	}
 	s.sawFirst = true
 	if s.broker && s.b.o.Handoff != nil {
-		s.firstClient.Store(&data)
+		first := bytes.Clone(data) // data is the pump's reusable buffer
+		s.firstClient.Store(&first)
 	}
 }
 
@@ -258,10 +453,10 @@ func (s *session) observeRelay(typ websocket.MessageType, data []byte) []byte {
 		return data
 	}
 	s.inspected++
-	switch classify(data) {
+	switch classifyOffStack(data) {
 	case verdictAuthFail:
 		if s.b.limiter.fail(s.source) {
-			s.log.Warn().Msg("relay: source blocked after repeated auth failures")
+			s.logAt(zerolog.WarnLevel).Msg("relay: source blocked after repeated auth failures")
 		}
 	case verdictAuthOK:
 		s.authOK = true
@@ -270,6 +465,23 @@ func (s *session) observeRelay(typ websocket.MessageType, data []byte) []byte {
 		}
 	}
 	return data
+}
+
+// classifyOffStack runs classify on a short-lived goroutine. encoding/json
+// needs more stack than everything else a pump does; run on the pump, the
+// auth verdict would double that pump's stack (4 to 8 KiB) for the rest of
+// the connection's life, which is most of an idle connection's footprint.
+// It runs at most inspectMessages times per connection.
+func classifyOffStack(msg []byte) verdict {
+	var v verdict
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		v = classify(msg)
+	}()
+	wg.Wait()
+	return v
 }
 
 // handoff runs the Reach hook on a genuine auth.ok, within HandoffTimeout.
@@ -289,7 +501,7 @@ func (s *session) handoff(authOK []byte) []byte {
 		var out []byte
 		defer func() {
 			if p := recover(); p != nil {
-				s.log.Error().Interface("panic", p).Msg("relay: route credential handoff panicked")
+				s.logAt(zerolog.ErrorLevel).Interface("panic", p).Msg("relay: route credential handoff panicked")
 				out = nil
 			}
 			res <- out
@@ -301,13 +513,13 @@ func (s *session) handoff(authOK []byte) []byte {
 		if len(out) == 0 {
 			return authOK
 		}
-		if int64(len(out)) > s.b.o.MaxMessageBytes || classify(out) != verdictAuthOK {
-			s.log.Error().Msg("relay: route credential handoff returned an invalid message; forwarding auth.ok unchanged")
+		if int64(len(out)) > s.b.o.MaxMessageBytes || classifyOffStack(out) != verdictAuthOK {
+			s.logAt(zerolog.ErrorLevel).Msg("relay: route credential handoff returned an invalid message; forwarding auth.ok unchanged")
 			return authOK
 		}
 		return out
 	case <-ctx.Done():
-		s.log.Warn().Msg("relay: route credential handoff timed out; forwarding auth.ok unchanged")
+		s.logAt(zerolog.WarnLevel).Msg("relay: route credential handoff timed out; forwarding auth.ok unchanged")
 		return authOK
 	}
 }

@@ -1,0 +1,85 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+)
+
+// Buffer sizes of the client leg's WebSocket connection. coder/websocket
+// keeps whatever bufio pair the hijack returns for the connection's whole
+// life, and net/http's pair is 4 KiB each way. Reads come from crypto/tls,
+// which already holds the decrypted record, so the read buffer only needs to
+// batch frame headers: payloads larger than it are read straight into the
+// message buffer. The write buffer decides how many TLS records (and
+// syscalls) a message costs: a message up to its size goes out as one.
+const (
+	clientReadBufBytes  = 512
+	clientWriteBufBytes = 2 << 10
+)
+
+// smallBuffers wraps w so that the hijack coder/websocket performs yields a
+// connection with small bufio buffers instead of the server's. Writers that
+// cannot hijack are returned unchanged so Accept reports them as before.
+func smallBuffers(w http.ResponseWriter) http.ResponseWriter {
+	if _, ok := findHijacker(w); !ok {
+		return w
+	}
+	return smallBufWriter{w}
+}
+
+// findHijacker follows Unwrap like http.ResponseController does.
+func findHijacker(w http.ResponseWriter) (http.Hijacker, bool) {
+	for {
+		switch t := w.(type) {
+		case http.Hijacker:
+			return t, true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return nil, false
+		}
+	}
+}
+
+type smallBufWriter struct{ http.ResponseWriter }
+
+func (w smallBufWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands over the connection with fresh small buffers. Bytes the
+// server had already read past the request (a client may send its first
+// frame without waiting for the 101) move into the new read buffer, where
+// coder/websocket looks for them; anything the server still buffered for
+// writing is flushed first.
+func (w smallBufWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, _ := findHijacker(w.ResponseWriter)
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	if brw.Writer.Buffered() > 0 {
+		if err := brw.Writer.Flush(); err != nil {
+			_ = conn.Close()
+			return nil, nil, err
+		}
+	}
+	var src io.Reader = conn
+	size := clientReadBufBytes
+	n := brw.Reader.Buffered()
+	if n > 0 {
+		pending, _ := brw.Reader.Peek(n)
+		src = io.MultiReader(bytes.NewReader(bytes.Clone(pending)), conn)
+		size = max(size, n)
+	}
+	br := bufio.NewReaderSize(src, size)
+	if n > 0 {
+		// Served by the bytes.Reader alone: never blocks on conn.
+		if _, err := br.Peek(n); err != nil {
+			_ = conn.Close()
+			return nil, nil, err
+		}
+	}
+	return conn, bufio.NewReadWriter(br, bufio.NewWriterSize(conn, clientWriteBufBytes)), nil
+}

@@ -1,0 +1,429 @@
+package client
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/surface"
+)
+
+// Fixed values of the outbound_broker candidate (spec/reach.md "Bootstrap
+// credential for pairing", pairing.md "Endpoint roles"). A broker route is
+// never labelled plugin_proxy or pinned_tls: that would erase its boundary.
+const (
+	RoleOutboundBroker    = "outbound_broker"
+	SecurityE2EEPinnedTLS = "e2ee_pinned_tls"
+	TransportHintHTTPS    = "https"
+)
+
+// Bounds of a candidate file.
+const (
+	// maxCandidateBytes: cert_der is at most 8192 characters and the rest
+	// is small; anything far larger is not a candidate.
+	maxCandidateBytes = 32 << 10
+	// maxCertDERB64 is the desktop client's limit on cert_der.
+	maxCertDERB64 = 8192
+	// maxPriority bounds priority; a QR holds a handful of endpoints.
+	maxPriority = 1 << 16
+)
+
+// Candidate is the outbound_broker entry of a pairing QR. The struct's JSON
+// tags give the exact keys, but json.Marshal redacts the token (it is a
+// wire.Secret); QRJSON writes the real thing.
+type Candidate struct {
+	Role         string          `json:"role"`
+	Priority     int             `json:"priority"`
+	Recommended  bool            `json:"recommended"`
+	Experimental bool            `json:"experimental"`
+	Security     string          `json:"security"`
+	Broker       CandidateBroker `json:"broker"`
+	Proxy        CandidateProxy  `json:"proxy"`
+}
+
+// CandidateBroker is the broker object: where to register and with what.
+type CandidateBroker struct {
+	ProtocolVersion int         `json:"protocol_version"`
+	URL             string      `json:"url"`
+	HostID          string      `json:"host_id"`
+	CredentialKind  string      `json:"credential_kind"`
+	Token           wire.Secret `json:"token"`
+	ExpiresAt       int64       `json:"expires_at"`
+}
+
+// CandidateProxy is the Secure Link front the inner TLS goes to: the same
+// values as the plugin_proxy candidate's proxy, without services.
+type CandidateProxy struct {
+	URL           string   `json:"url"`
+	TransportHint string   `json:"transport_hint"`
+	PinSHA256     string   `json:"pin_sha256"`
+	CertDER       string   `json:"cert_der"`
+	Surfaces      []string `json:"surfaces"`
+}
+
+var (
+	keysCandidate = []string{"role", "priority", "recommended", "experimental", "security", "broker", "proxy"}
+	keysBroker    = []string{"protocol_version", "url", "host_id", "credential_kind", "token", "expires_at"}
+	keysProxy     = []string{"url", "transport_hint", "pin_sha256", "cert_der", "surfaces"}
+)
+
+// NewCandidate builds the candidate for a pairing QR from the credential
+// the daemon minted and the identity it serves, filling in the fixed values,
+// and checks it like ParseCandidate would.
+func NewCandidate(priority int, broker CandidateBroker, proxyURL, pin, certDER string) (Candidate, error) {
+	broker.ProtocolVersion = wire.ProtocolVersion
+	c := Candidate{
+		Role:         RoleOutboundBroker,
+		Priority:     priority,
+		Recommended:  false,
+		Experimental: true,
+		Security:     SecurityE2EEPinnedTLS,
+		Broker:       broker,
+		Proxy: CandidateProxy{
+			URL:           proxyURL,
+			TransportHint: TransportHintHTTPS,
+			PinSHA256:     pin,
+			CertDER:       certDER,
+			Surfaces:      slices.Clone(surface.Namespaces),
+		},
+	}
+	if err := c.Validate(); err != nil {
+		return Candidate{}, err
+	}
+	return c, nil
+}
+
+// ParseCandidate reads an outbound_broker candidate strictly: exactly the
+// keys of the spec at every level (no key missing, none extra, none twice),
+// JSON types as shown there (protocol_version and expires_at integers,
+// booleans real booleans), then the values (Validate).
+func ParseCandidate(data []byte) (Candidate, error) {
+	var c Candidate
+	if len(data) > maxCandidateBytes {
+		return c, fmt.Errorf("candidate: larger than %d bytes", maxCandidateBytes)
+	}
+	top, err := strictObject(data, keysCandidate, "candidate")
+	if err != nil {
+		return c, err
+	}
+	if c.Role, err = jsonString(top["role"], "role"); err != nil {
+		return c, err
+	}
+	prio, err := jsonInt(top["priority"], "priority")
+	if err != nil {
+		return c, err
+	}
+	if prio < 0 || prio > maxPriority {
+		return c, fmt.Errorf("candidate: priority must be 0..%d", maxPriority)
+	}
+	c.Priority = int(prio)
+	if c.Recommended, err = jsonBool(top["recommended"], "recommended"); err != nil {
+		return c, err
+	}
+	if c.Experimental, err = jsonBool(top["experimental"], "experimental"); err != nil {
+		return c, err
+	}
+	if c.Security, err = jsonString(top["security"], "security"); err != nil {
+		return c, err
+	}
+
+	b, err := strictObject(top["broker"], keysBroker, "candidate broker")
+	if err != nil {
+		return c, err
+	}
+	if string(b["protocol_version"]) != "1" {
+		return c, errors.New("candidate: broker.protocol_version must be the integer 1")
+	}
+	c.Broker.ProtocolVersion = wire.ProtocolVersion
+	if c.Broker.URL, err = jsonString(b["url"], "broker.url"); err != nil {
+		return c, err
+	}
+	if c.Broker.HostID, err = jsonString(b["host_id"], "broker.host_id"); err != nil {
+		return c, err
+	}
+	if c.Broker.CredentialKind, err = jsonString(b["credential_kind"], "broker.credential_kind"); err != nil {
+		return c, err
+	}
+	tok, err := jsonString(b["token"], "broker.token")
+	if err != nil {
+		return c, err
+	}
+	c.Broker.Token = wire.Secret(tok)
+	if c.Broker.ExpiresAt, err = jsonInt(b["expires_at"], "broker.expires_at"); err != nil {
+		return c, err
+	}
+
+	p, err := strictObject(top["proxy"], keysProxy, "candidate proxy")
+	if err != nil {
+		return c, err
+	}
+	if c.Proxy.URL, err = jsonString(p["url"], "proxy.url"); err != nil {
+		return c, err
+	}
+	if c.Proxy.TransportHint, err = jsonString(p["transport_hint"], "proxy.transport_hint"); err != nil {
+		return c, err
+	}
+	if c.Proxy.PinSHA256, err = jsonString(p["pin_sha256"], "proxy.pin_sha256"); err != nil {
+		return c, err
+	}
+	if c.Proxy.CertDER, err = jsonString(p["cert_der"], "proxy.cert_der"); err != nil {
+		return c, err
+	}
+	if c.Proxy.Surfaces, err = jsonStrings(p["surfaces"], "proxy.surfaces", len(surface.Namespaces)); err != nil {
+		return c, err
+	}
+	if err := c.Validate(); err != nil {
+		return Candidate{}, err
+	}
+	return c, nil
+}
+
+// Validate checks the values of a candidate. Errors never contain the token.
+func (c Candidate) Validate() error {
+	switch {
+	case c.Role != RoleOutboundBroker:
+		return fmt.Errorf("candidate: role %q, want %q", c.Role, RoleOutboundBroker)
+	case c.Security != SecurityE2EEPinnedTLS:
+		return fmt.Errorf("candidate: security %q, want %q", c.Security, SecurityE2EEPinnedTLS)
+	case c.Recommended || !c.Experimental:
+		return errors.New("candidate: a broker route is experimental and never recommended")
+	case c.Priority < 0 || c.Priority > maxPriority:
+		return fmt.Errorf("candidate: priority must be 0..%d", maxPriority)
+	case c.Broker.ProtocolVersion != wire.ProtocolVersion:
+		return errors.New("candidate: broker.protocol_version must be 1")
+	case c.Broker.ExpiresAt <= 0:
+		return errors.New("candidate: broker.expires_at must be a positive Unix time")
+	}
+	if err := c.Config().Validate(); err != nil {
+		return fmt.Errorf("candidate: %w", err)
+	}
+	if _, err := proxyAuthority(c.Proxy.URL); err != nil {
+		return err
+	}
+	if c.Proxy.TransportHint != TransportHintHTTPS {
+		return fmt.Errorf("candidate: proxy.transport_hint %q, want %q", c.Proxy.TransportHint, TransportHintHTTPS)
+	}
+	if _, err := pinning.ParsePin(c.Proxy.PinSHA256); err != nil {
+		return fmt.Errorf("candidate: proxy.pin_sha256: %w", err)
+	}
+	if len(c.Proxy.CertDER) > maxCertDERB64 {
+		return fmt.Errorf("candidate: proxy.cert_der has more than %d characters", maxCertDERB64)
+	}
+	// The decoder skips CR/LF even in strict mode; clients do not.
+	der, err := base64.StdEncoding.Strict().DecodeString(c.Proxy.CertDER)
+	if err != nil || strings.ContainsAny(c.Proxy.CertDER, "\r\n") {
+		return errors.New("candidate: proxy.cert_der is not standard base64")
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return fmt.Errorf("candidate: proxy.cert_der: %w", err)
+	}
+	if !pinning.PinMatches(cert, c.Proxy.PinSHA256) {
+		return errors.New("candidate: proxy.pin_sha256 is not the pin of proxy.cert_der")
+	}
+	if len(c.Proxy.Surfaces) == 0 {
+		return errors.New("candidate: proxy.surfaces is empty")
+	}
+	for i, s := range c.Proxy.Surfaces {
+		if !slices.Contains(surface.Namespaces, s) || slices.Contains(c.Proxy.Surfaces[:i], s) {
+			return fmt.Errorf("candidate: proxy.surfaces: %q is unknown or repeated", s)
+		}
+	}
+	return nil
+}
+
+// proxyAuthority accepts exactly https://host:port (path empty or "/"),
+// the form clients accept and the pin store is keyed by.
+func proxyAuthority(s string) (pinning.Authority, error) {
+	bad := func(why string) (pinning.Authority, error) {
+		return pinning.Authority{}, fmt.Errorf("candidate: proxy.url must be https://host:port: %s", why)
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return bad("does not parse")
+	}
+	switch {
+	case u.Scheme != "https":
+		return bad("scheme is not https")
+	case u.User != nil || u.Opaque != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" ||
+		strings.Contains(s, "#"):
+		return bad("user info, query or fragment")
+	case u.Path != "" && u.Path != "/":
+		return bad("has a path")
+	}
+	a, err := pinning.ParseAuthority(u.Host)
+	if err != nil {
+		return bad(err.Error())
+	}
+	return a, nil
+}
+
+// Config is the Dial configuration of the candidate's credential; set
+// RootCAs, timeouts and Log as needed.
+func (c Candidate) Config() Config {
+	return Config{
+		BrokerURL:      c.Broker.URL,
+		HostID:         c.Broker.HostID,
+		CredentialKind: c.Broker.CredentialKind,
+		Token:          c.Broker.Token,
+	}
+}
+
+// Authority is the host and port of the Secure Link front, i.e. the server
+// name to verify in the inner TLS and the clients' pin-store key; "", 0
+// when the proxy URL is invalid.
+func (c Candidate) Authority() (host string, port int) {
+	a, err := proxyAuthority(c.Proxy.URL)
+	if err != nil {
+		return "", 0
+	}
+	return a.Host, a.Port
+}
+
+// Expired reports whether the credential's expiry has passed.
+func (c Candidate) Expired(now time.Time) bool { return c.Broker.ExpiresAt <= now.Unix() }
+
+// QRJSON is the candidate as it goes into the pairing QR: compact JSON with
+// the keys in the spec's order, integers as integers, HTML characters not
+// escaped, and the raw token. Treat the result as a secret.
+func (c Candidate) QRJSON() ([]byte, error) {
+	type broker struct {
+		ProtocolVersion int    `json:"protocol_version"`
+		URL             string `json:"url"`
+		HostID          string `json:"host_id"`
+		CredentialKind  string `json:"credential_kind"`
+		Token           string `json:"token"`
+		ExpiresAt       int64  `json:"expires_at"`
+	}
+	type qr struct {
+		Role         string         `json:"role"`
+		Priority     int            `json:"priority"`
+		Recommended  bool           `json:"recommended"`
+		Experimental bool           `json:"experimental"`
+		Security     string         `json:"security"`
+		Broker       broker         `json:"broker"`
+		Proxy        CandidateProxy `json:"proxy"`
+	}
+	v := qr{
+		Role: c.Role, Priority: c.Priority, Recommended: c.Recommended,
+		Experimental: c.Experimental, Security: c.Security,
+		Broker: broker{
+			ProtocolVersion: c.Broker.ProtocolVersion, URL: c.Broker.URL, HostID: c.Broker.HostID,
+			CredentialKind: c.Broker.CredentialKind, Token: string(c.Broker.Token), ExpiresAt: c.Broker.ExpiresAt,
+		},
+		Proxy: c.Proxy,
+	}
+	if v.Proxy.Surfaces == nil {
+		v.Proxy.Surfaces = []string{}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// CurlPin is the pin in curl's --pinnedpubkey form ("sha256//" + base64).
+func (c Candidate) CurlPin() string {
+	return "sha256//" + strings.TrimPrefix(c.Proxy.PinSHA256, pinning.PinPrefix)
+}
+
+// strictObject decodes one JSON object whose keys must be exactly keys,
+// each once, with nothing after it.
+func strictObject(data []byte, keys []string, what string) (map[string]json.RawMessage, error) {
+	bad := func(why string) (map[string]json.RawMessage, error) {
+		return nil, fmt.Errorf("%s: %s", what, why)
+	}
+	if !utf8.Valid(data) || !json.Valid(data) {
+		return bad("not valid JSON")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return bad("not a JSON object")
+	}
+	obj := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		key, ok := t.(string)
+		if err != nil || !ok {
+			return bad("not a JSON object")
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return bad("not a JSON object")
+		}
+		if _, dup := obj[key]; dup {
+			return bad(fmt.Sprintf("key %q appears twice", key))
+		}
+		if !slices.Contains(keys, key) {
+			return bad(fmt.Sprintf("unexpected key %q", key))
+		}
+		obj[key] = raw
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return bad("not a JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return bad("data after the JSON object")
+	}
+	for _, k := range keys {
+		if _, ok := obj[k]; !ok {
+			return bad(fmt.Sprintf("key %q is missing", k))
+		}
+	}
+	return obj, nil
+}
+
+func jsonString(raw json.RawMessage, key string) (string, error) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", fmt.Errorf("candidate: %s must be a string", key)
+	}
+	return s, nil
+}
+
+func jsonBool(raw json.RawMessage, key string) (bool, error) {
+	switch string(raw) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("candidate: %s must be true or false", key)
+}
+
+// jsonInt accepts only a JSON integer literal: clients read a float as
+// absent, so 1780000000.0 or 1.78e9 are refused even though they are whole.
+func jsonInt(raw json.RawMessage, key string) (int64, error) {
+	s := string(raw)
+	if s == "" || strings.ContainsAny(s, ".eE") || !(s[0] == '-' || s[0] >= '0' && s[0] <= '9') {
+		return 0, fmt.Errorf("candidate: %s must be a JSON integer", key)
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("candidate: %s must be a JSON integer", key)
+	}
+	return v, nil
+}
+
+func jsonStrings(raw json.RawMessage, key string, max int) ([]string, error) {
+	var out []string
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &out) != nil || len(out) > max {
+		return nil, fmt.Errorf("candidate: %s must be a list of at most %d strings", key, max)
+	}
+	return out, nil
+}

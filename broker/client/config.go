@@ -1,0 +1,134 @@
+// Package client is the client side of Reach (spec/reach.md): it dials the
+// rendezvous broker over wss://, registers as a client with a bootstrap or
+// route credential, and turns the matched stream into a net.Conn carrying
+// the raw bytes of an inner TLS connection to the host's Secure Link front.
+//
+// The broker is not trusted with anything but routing: the inner TLS is
+// checked against the QR pin (DialTLS), so a broker that misroutes or
+// tampers makes the handshake fail before a single application byte is
+// sent. Nothing here ever falls back to plaintext: the broker URL must be
+// wss://, redirects are refused and the HTTP transport cannot dial a
+// plaintext connection at all.
+//
+// Forward is `securelink connect`: a loopback listener whose every accepted
+// TCP connection becomes one broker stream, so tools such as curl can do
+// the pinned TLS themselves.
+package client
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// Defaults of Config.
+const (
+	DefaultDialTimeout     = 10 * time.Second
+	DefaultRegisterTimeout = wire.RegisterTimeout
+)
+
+// readQueueMessages bounds the broker messages a Conn holds that the caller
+// has not read yet. Together with the 1 MiB read limit per message this caps
+// the buffered bytes of one stream at 8 MiB (the broker sends 32 KiB pieces,
+// so in practice 256 KiB). The queue exists so that pings are answered while
+// the caller is busy elsewhere.
+const readQueueMessages = 8
+
+// Config says how to reach one host through a broker with one credential.
+type Config struct {
+	// BrokerURL is exactly wss://host[:port]/v1/connect (wire.ParseBrokerURL).
+	// ws:// is refused: nothing ever downgrades to plaintext.
+	BrokerURL string
+	// HostID is the canonical 22-character host_id.
+	HostID string
+	// CredentialKind is "bootstrap" (one stream, ever) or "route".
+	CredentialKind string
+	// Token is the raw credential; it travels only inside the register
+	// message, never in the URL or a header.
+	Token wire.Secret
+	// RootCAs verifies the broker's certificate; nil means the system roots.
+	RootCAs *x509.CertPool
+	// DialTimeout bounds TCP connect, outer TLS and the WebSocket upgrade,
+	// and in DialTLS also the inner TLS handshake. Zero means 10 s.
+	DialTimeout time.Duration
+	// RegisterTimeout bounds the wait for `matched` after the register
+	// message was sent. Zero means 10 s.
+	RegisterTimeout time.Duration
+	// PingInterval and PongTimeout are the client's keepalive: a ping every
+	// PingInterval, and the stream is dropped when no pong arrived within
+	// PongTimeout while the socket was being read and written freely.
+	// Zero means 15 s and 45 s (the protocol's values).
+	PingInterval time.Duration
+	PongTimeout  time.Duration
+	// Log receives diagnostics; it never sees the token. The zero value
+	// discards everything.
+	Log zerolog.Logger
+	// WrapOuter, when set, wraps the outer connection right after the outer
+	// TLS handshake, so it sees the bytes exactly as the broker does
+	// (HTTP upgrade, masked WebSocket frames). It is for tests and
+	// diagnostics, e.g. Recorder.Wrap.
+	WrapOuter func(net.Conn) net.Conn
+}
+
+// withDefaults fills zero durations with the protocol's values.
+func (c Config) withDefaults() Config {
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.RegisterTimeout == 0 {
+		c.RegisterTimeout = DefaultRegisterTimeout
+	}
+	if c.PingInterval == 0 {
+		c.PingInterval = wire.PingInterval
+	}
+	if c.PongTimeout == 0 {
+		c.PongTimeout = wire.PongTimeout
+	}
+	return c
+}
+
+// Validate checks everything that can be checked without the network, so a
+// bad candidate or flag fails before any connection is made. Errors never
+// contain the token.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if _, err := wire.ParseBrokerURL(c.BrokerURL); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := wire.ParseID(c.HostID); err != nil {
+		errs = append(errs, errors.New("reach host_id must be the canonical 22-character id"))
+	}
+	switch wire.Kind(c.CredentialKind) {
+	case wire.KindBootstrap, wire.KindRoute:
+	default:
+		errs = append(errs, fmt.Errorf("reach credential_kind %q: want bootstrap or route", c.CredentialKind))
+	}
+	if !wire.ValidWireToken(string(c.Token)) {
+		errs = append(errs, fmt.Errorf("reach token must be %d..%d characters", wire.MinWireToken, wire.MaxWireToken))
+	}
+	durs := []struct {
+		name string
+		v    time.Duration
+	}{
+		{"dial timeout", c.DialTimeout},
+		{"register timeout", c.RegisterTimeout},
+		{"ping interval", c.PingInterval},
+		{"pong timeout", c.PongTimeout},
+	}
+	for _, d := range durs {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("reach %s must not be negative", d.name))
+		}
+	}
+	if c.PongTimeout <= c.PingInterval {
+		errs = append(errs, errors.New("reach pong timeout must be longer than the ping interval"))
+	}
+	return errors.Join(errs...)
+}

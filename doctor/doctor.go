@@ -9,7 +9,6 @@ package doctor
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/internal/trust"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy/probe"
 )
@@ -144,7 +144,7 @@ func checkBroker(ctx context.Context, cfg *config.Config, o Options, add func(Re
 		return
 	}
 	add(Result{"reach dns", OK, host + " resolves", ""})
-	pool, err := BrokerRoots(cfg.Reach.CAFile)
+	pool, err := trust.BrokerRoots(cfg.Reach.CAFile)
 	if err != nil {
 		add(Result{"reach tls", Fail, err.Error(), "fix reach.ca_file"})
 		return
@@ -187,26 +187,6 @@ func checkBroker(ctx context.Context, cfg *config.Config, o Options, add func(Re
 				"synchronise clocks (e.g. systemd-timesyncd); credential expiry depends on them"})
 		}
 	}
-}
-
-// BrokerRoots is the trust the connector uses for the broker: the system
-// roots plus reach.ca_file when set.
-func BrokerRoots(caFile string) (*x509.CertPool, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if caFile == "" {
-		return pool, nil
-	}
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("reach.ca_file: %w", err)
-	}
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("reach.ca_file %s holds no PEM certificate", caFile)
-	}
-	return pool, nil
 }
 
 func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add func(Result)) *pinning.Identity {

@@ -47,6 +47,7 @@ func newApp() *cli.App {
 			doctorCommand(),
 			pairCommand(),
 			brokerCommand(),
+			connectCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",

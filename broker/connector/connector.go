@@ -1,0 +1,407 @@
+// Package connector is the Reach host connector (spec/reach.md "Host
+// connector"): it keeps one outbound wss:// registration with a rendezvous
+// broker, turns every broker stream into an in-memory net.Conn that the
+// front serves like a TCP connection (Listener), publishes bootstrap and
+// route credentials (digests only), and adds the route credential to the
+// first Relay auth.ok of broker-arrived /relay/ws connections (Handoff).
+//
+// The broker sees only ciphertext: each stream carries the client's TLS
+// connection to the front, checked against the QR pin. The connector never
+// falls back to plaintext and never invents a host_id.
+//
+// Flow control is plain v1, mirroring the broker's rules for its own
+// queues:
+//   - broker → front: each stream buffers at most StreamBufferBytes the front
+//     has not read. When a DATA frame does not fit, the connector stops
+//     reading the broker socket (TCP backpressure; every stream waits, which
+//     plain v1 cannot avoid) until the front reads. If the front reads
+//     nothing from that stream for SlowConsumerTimeout, that stream alone is
+//     reset (CLOSE to the broker, an error to the front) and reading goes on;
+//     a slow reader that makes progress is never cut. Pongs are not seen
+//     while paused, so the keepalive forgives pauses.
+//   - front → broker: each stream buffers at most StreamSendBytes; a front
+//     writing faster blocks in Write. One writer frames the buffers
+//     round-robin, at most 64 KiB per stream per turn, after control
+//     messages, so a bulk stream cannot starve another stream's small
+//     messages. Every write to the broker has its own deadline.
+package connector
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// Connector states reported by Status.
+const (
+	StateConnecting = "connecting"
+	StateConnected  = "connected"
+	StateBackoff    = "backoff"
+	StateStopped    = "stopped"
+)
+
+// ErrNotConnected: the connector has no live registration, so nothing can
+// be published (the admin socket answers 409).
+var ErrNotConnected = errors.New("reach: not connected to the broker")
+
+// Connector is one host's connection to its broker. Create it with New,
+// serve Listener with the front, run it with Run.
+type Connector struct {
+	cfg    Config
+	hostID wire.ID
+	client *http.Client
+	log    zerolog.Logger
+	ln     *listener
+	routes *routeCache
+
+	running   atomic.Bool
+	completed atomic.Int64
+
+	countMu sync.Mutex
+	counts  map[string]int64
+
+	mu             sync.Mutex
+	state          string
+	attempts       int
+	lastErr        string
+	lastDetail     string
+	connectedSince time.Time
+	retryAt        time.Time
+	cur            *session
+}
+
+// Status is the connector's state for the admin socket and `securelink
+// status`. It never carries a secret.
+type Status struct {
+	Enabled          bool       `json:"enabled"`
+	State            string     `json:"state"` // connecting|connected|backoff|stopped
+	BrokerURL        string     `json:"broker_url"`
+	HostID           string     `json:"host_id"`
+	ActiveStreams    int        `json:"active_streams"`
+	CompletedStreams int        `json:"completed_streams"`
+	Attempts         int        `json:"attempts"`
+	LastError        string     `json:"last_error,omitempty"` // a code, e.g. "unauthorized", "replaced", "tls"
+	LastErrorDetail  string     `json:"last_error_detail,omitempty"`
+	ConnectedSince   *time.Time `json:"connected_since,omitempty"`
+	RetryAt          *time.Time `json:"retry_at,omitempty"` // next attempt, in state backoff
+}
+
+// New checks cfg (zero fields take their defaults) and builds a connector.
+// Nothing is dialed before Run.
+func New(cfg Config) (*Connector, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	hostID, _ := wire.ParseID(cfg.HostID)
+	c := &Connector{
+		cfg:    cfg,
+		hostID: hostID,
+		log:    cfg.Log.With().Str("host", hostLabel(hostID)).Logger(),
+		ln:     newListener(cfg.MaxStreams),
+		routes: newRouteCache(cfg.MaxRouteCache),
+		counts: map[string]int64{},
+		state:  StateStopped,
+	}
+	c.client = newHTTPClient(cfg)
+	return c, nil
+}
+
+// errRedirect refuses every redirect of the upgrade request: one could lead
+// to ws:// or to another host, and the broker URL is exact.
+var errRedirect = errors.New("reach: the broker answered with a redirect")
+
+// tlsError marks a failed TLS handshake with the broker, which net/http
+// would otherwise flatten into text (e.g. a plaintext server's answer).
+type tlsError struct{ err error }
+
+func (e *tlsError) Error() string { return "TLS handshake with the broker: " + e.err.Error() }
+func (e *tlsError) Unwrap() error { return e.err }
+
+func newHTTPClient(cfg Config) *http.Client {
+	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: cfg.PingInterval}
+	tlsConfig := &tls.Config{
+		RootCAs:    cfg.RootCAs,
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"}, // WebSocket upgrades are HTTP/1.1
+	}
+	tr := &http.Transport{
+		// An HTTPS proxy from the environment only ever sees a CONNECT
+		// tunnel; TLS to the broker stays end to end.
+		Proxy:           http.ProxyFromEnvironment,
+		DialContext:     dialer.DialContext,
+		TLSClientConfig: tlsConfig,
+		// Direct connections do their own handshake so a failure keeps its
+		// type (status reports "tls", not "dial").
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			raw, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				raw.Close()
+				return nil, err
+			}
+			c := tlsConfig.Clone()
+			c.ServerName = host
+			tc := tls.Client(raw, c)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				raw.Close()
+				return nil, &tlsError{err}
+			}
+			return tc, nil
+		},
+		TLSHandshakeTimeout: cfg.DialTimeout,
+		MaxIdleConns:        1,
+		IdleConnTimeout:     time.Second,
+	}
+	return &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return errRedirect },
+	}
+}
+
+// Listener returns the listener on which every broker stream is accepted as
+// an in-memory net.Conn (implementing FromBroker() bool, true). Serve it with
+// the front (proxy.Server.Serve), which adds TLS. Closing it makes new
+// streams fail with CLOSE; Run does not close it.
+func (c *Connector) Listener() net.Listener { return c.ln }
+
+// Run dials, registers (with a fresh connection_id each time), serves, and
+// reconnects with backoff until ctx ends; then it returns nil. Live streams
+// end when their registration ends. Run may be called once at a time.
+func (c *Connector) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("reach: the connector is already running")
+	}
+	defer c.running.Store(false)
+	defer c.setState(StateStopped, time.Time{})
+	bo := backoff{cfg: &c.cfg}
+	for ctx.Err() == nil {
+		c.mu.Lock()
+		c.attempts++
+		c.state = StateConnecting
+		c.retryAt = time.Time{}
+		c.mu.Unlock()
+		out := c.attempt(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		d := bo.next(out)
+		c.mu.Lock()
+		c.lastErr, c.lastDetail = out.code, out.detail
+		c.connectedSince = time.Time{}
+		c.state = StateBackoff
+		c.retryAt = c.cfg.Now().Add(d)
+		c.mu.Unlock()
+		ev := c.log.Warn()
+		if out.code == string(wire.CodeUnauthorized) || out.code == string(wire.CodeRevoked) {
+			ev = c.log.Error()
+		}
+		ev.Str("code", out.code).Str("why", out.detail).Dur("retry_in", d).
+			Dur("registered_for", out.registered).Msg("reach: broker connection ended")
+		if err := c.cfg.Sleep(ctx, d); err != nil {
+			break
+		}
+	}
+	return nil
+}
+
+// attempt is one connection: dial, register, serve until it ends.
+func (c *Connector) attempt(ctx context.Context) outcome {
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	ws, resp, err := websocket.Dial(dctx, c.cfg.BrokerURL, &websocket.DialOptions{
+		HTTPClient:      c.client,
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	timedOut := errors.Is(dctx.Err(), context.DeadlineExceeded)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return outcome{code: codeStopped}
+		}
+		return dialOutcome(err, resp, timedOut)
+	}
+	ws.SetReadLimit(wire.MaxHostFrameIn)
+
+	connID := wire.NewID()
+	msg, err := wire.Marshal(wire.Register{
+		Role: wire.RoleHost, HostID: c.hostID, ConnectionID: connID,
+		CredentialKind: wire.KindHost, Token: c.cfg.Token,
+	})
+	if err != nil { // Validate checked the token; this cannot happen
+		ws.CloseNow()
+		return outcome{code: codeProtocol, detail: "cannot encode the registration"}
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.cfg.WriteTimeout)
+	err = ws.Write(wctx, websocket.MessageText, msg)
+	cancel()
+	if err != nil {
+		ws.CloseNow()
+		if ctx.Err() != nil {
+			return outcome{code: codeStopped}
+		}
+		return outcome{code: codeWrite, detail: "sending the registration failed"}
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.RegisterTimeout)
+	typ, data, err := ws.Read(rctx)
+	timedOut = errors.Is(rctx.Err(), context.DeadlineExceeded)
+	cancel()
+	if err != nil {
+		ws.CloseNow()
+		switch {
+		case ctx.Err() != nil:
+			return outcome{code: codeStopped}
+		case timedOut:
+			return outcome{code: codeRegTimeout, detail: "the broker did not answer the registration in time"}
+		}
+		return outcome{code: codeClosed, detail: "the broker closed the socket during registration"}
+	}
+	var m wire.Message
+	if typ == websocket.MessageText {
+		m, err = wire.ParseBrokerMessage(data)
+	}
+	switch m := m.(type) {
+	case wire.Registered:
+		// Extensions the broker offers are ignored: plain v1 only.
+	case wire.ErrorMsg:
+		ws.CloseNow()
+		detail := m.Code.Description()
+		if m.Code == wire.CodeUnauthorized || m.Code == wire.CodeRevoked {
+			detail = detailAuthFailure
+		}
+		return outcome{code: string(m.Code), detail: detail}
+	default:
+		ws.Close(websocket.StatusPolicyViolation, "protocol violation")
+		return outcome{code: codeProtocol, detail: "the broker did not answer register with registered"}
+	}
+
+	s := newSession(c, ws, connID)
+	s.registeredAt = c.cfg.Now()
+	c.mu.Lock()
+	c.cur = s
+	c.state = StateConnected
+	c.connectedSince = s.registeredAt
+	c.lastErr, c.lastDetail = "", ""
+	c.mu.Unlock()
+	c.log.Info().Str("broker", c.cfg.BrokerURL).Msg("reach: registered with the broker")
+	out := s.run(ctx)
+	c.mu.Lock()
+	if c.cur == s {
+		c.cur = nil
+	}
+	c.mu.Unlock()
+	out.registered = c.cfg.Now().Sub(s.registeredAt)
+	return out
+}
+
+// dialOutcome names a failed dial without quoting peer data.
+func dialOutcome(err error, resp *http.Response, timedOut bool) outcome {
+	var (
+		verr  *tls.CertificateVerificationError
+		uaerr x509.UnknownAuthorityError
+		hnerr x509.HostnameError
+		ciErr x509.CertificateInvalidError
+		tlErr *tlsError
+	)
+	switch {
+	case errors.Is(err, errRedirect):
+		return outcome{code: codeHTTP, detail: "the broker answered with a redirect"}
+	case resp != nil && resp.StatusCode != http.StatusSwitchingProtocols:
+		return outcome{code: codeHTTP, detail: fmt.Sprintf("the broker refused the upgrade with HTTP %d", resp.StatusCode)}
+	case errors.As(err, &verr), errors.As(err, &uaerr), errors.As(err, &hnerr), errors.As(err, &ciErr):
+		return outcome{code: codeTLS, detail: "the broker's certificate is not trusted (system roots plus reach.ca_file)"}
+	case errors.As(err, &tlErr) && !timedOut:
+		return outcome{code: codeTLS, detail: "TLS handshake with the broker failed (is it serving plain ws://?)"}
+	case timedOut:
+		return outcome{code: codeDialTimeout, detail: "connecting to the broker timed out"}
+	}
+	return outcome{code: codeDial, detail: "cannot connect to the broker"}
+}
+
+// Status reports the current state.
+func (c *Connector) Status() Status {
+	c.mu.Lock()
+	st := Status{
+		Enabled:          true,
+		State:            c.state,
+		BrokerURL:        c.cfg.BrokerURL,
+		HostID:           c.hostID.String(),
+		CompletedStreams: int(c.completed.Load()),
+		Attempts:         c.attempts,
+		LastError:        c.lastErr,
+		LastErrorDetail:  c.lastDetail,
+	}
+	if !c.connectedSince.IsZero() {
+		t := c.connectedSince
+		st.ConnectedSince = &t
+	}
+	if !c.retryAt.IsZero() {
+		t := c.retryAt
+		st.RetryAt = &t
+	}
+	s := c.cur
+	c.mu.Unlock()
+	if s != nil {
+		s.mu.Lock()
+		st.ActiveStreams = len(s.streams)
+		s.mu.Unlock()
+	}
+	return st
+}
+
+func (c *Connector) setState(state string, since time.Time) {
+	c.mu.Lock()
+	c.state = state
+	c.connectedSince = since
+	c.retryAt = time.Time{}
+	c.mu.Unlock()
+}
+
+// current returns the live registration, or nil.
+func (c *Connector) current() *session {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur
+}
+
+// count records a counted outcome (e.g. "open_over_limit",
+// "slow_consumer", "route_reused").
+func (c *Connector) count(label string) {
+	c.countMu.Lock()
+	c.counts[label]++
+	c.countMu.Unlock()
+}
+
+// Counts returns the counted outcomes by label.
+func (c *Connector) Counts() map[string]int64 {
+	c.countMu.Lock()
+	defer c.countMu.Unlock()
+	out := make(map[string]int64, len(c.counts))
+	for k, v := range c.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// hostLabel hashes a host_id for logs, like the broker does: ids are
+// locators, not secrets, but shipped logs need not name them.
+func hostLabel(id wire.ID) string {
+	sum := sha256.Sum256(id[:])
+	return base64.RawURLEncoding.EncodeToString(sum[:6])
+}

@@ -1,0 +1,658 @@
+package connector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// maxOrphanCloses bounds the CLOSE answers queued for stream ids that have
+// no stream (refused opens, DATA for unknown ids). Beyond it further answers
+// are dropped: a broker flooding unknown ids gets no more attention than
+// that, and the registration goes on.
+const maxOrphanCloses = 1024
+
+// session is one host registration: the broker socket carrying the control
+// channel and the frames of every stream.
+//
+// Goroutines: the reader (readLoop, the caller of run) is the only one that
+// reads the socket and the only one that waits for stream buffer space; the
+// writer (writeLoop) is the only one that writes, so frames and control
+// messages never interleave and each write has its own deadline; keepalive
+// pings. Nothing writes to the network while holding mu.
+type session struct {
+	c            *Connector
+	ws           *websocket.Conn
+	connID       wire.ID
+	log          zerolog.Logger
+	registeredAt time.Time
+
+	ctx    context.Context // cancelled once the end is decided
+	cancel context.CancelFunc
+	wake   chan struct{} // capacity 1: the writer has work or must end
+	done   chan struct{} // closed once the end is decided
+	pause  pauseState
+
+	closers sync.WaitGroup // close handshakes started by fail
+
+	mu          sync.Mutex
+	end         *outcome
+	streams     map[wire.ID]*stream
+	closed      idRing // ids we sent or got CLOSE for: no (further) CLOSE
+	ctrl        [][]byte
+	pending     []*pendingReply
+	orphans     [][]byte
+	rr          []*stream
+	rrNext      int
+	lastErrCode wire.Code // an error message that answered no control frame
+}
+
+// pendingReply is one control frame waiting for its reply. The broker
+// answers control frames one by one, in order, so replies are matched first
+// in, first out; the expected type and label are checked as well, so a
+// broker that answers out of order is caught instead of handing one caller
+// another caller's result.
+type pendingReply struct {
+	typ   string // wire.TypePublished or wire.TypeRevoked
+	kind  wire.Kind
+	label string
+	res   chan error // capacity 1; nil result = success
+}
+
+func (p *pendingReply) matches(m wire.Message) bool {
+	switch m := m.(type) {
+	case wire.Published:
+		return p.typ == wire.TypePublished && m.CredentialKind == p.kind && m.Label == p.label
+	case wire.Revoked:
+		return p.typ == wire.TypeRevoked && m.CredentialID == p.label
+	}
+	return false
+}
+
+// errProtocolReply is given to a caller whose reply did not match its request.
+var errProtocolReply = errors.New("reach: the broker answered out of order")
+
+func newSession(c *Connector, ws *websocket.Conn, connID wire.ID) *session {
+	s := &session{
+		c: c, ws: ws, connID: connID,
+		log:     c.log,
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		streams: map[wire.ID]*stream{},
+		closed:  newIDRing(c.cfg.MaxClosedIDs),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
+}
+
+// run serves the registration until it ends (or ctx ends) and returns how
+// it ended, after every goroutine it started has finished.
+func (s *session) run(ctx context.Context) outcome {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.writeLoop() }()
+	go func() { defer wg.Done(); s.keepalive() }()
+	stopped := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(stopped)
+		s.fail(codeStopped, "", websocket.StatusGoingAway, "host shutting down")
+	})
+	s.readLoop()
+	if !stop() {
+		<-stopped // fail may still be adding to closers
+	}
+	s.fail(codeClosed, "", 0, "")
+	wg.Wait()
+	s.closers.Wait()
+	s.ws.CloseNow()
+	s.finishAll()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return *s.end
+}
+
+// fail decides how the registration ends (the first decision wins) and
+// closes the socket: with a close frame when status is set, else at once.
+func (s *session) fail(code, detail string, status websocket.StatusCode, reason string) {
+	s.mu.Lock()
+	if s.end != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.end = &outcome{code: code, detail: detail}
+	close(s.done)
+	s.mu.Unlock()
+	s.cancel()
+	signal(s.wake)
+	if status == 0 {
+		s.ws.CloseNow()
+		return
+	}
+	s.closers.Add(1)
+	go func() {
+		defer s.closers.Done()
+		s.ws.Close(status, reason) // bounded by the library's close handshake timeout
+	}()
+}
+
+// ---------------------------------------------------------------------------
+// Reading
+
+func (s *session) readLoop() {
+	for {
+		// The socket's lifetime, not a context, ends this read: cancelling
+		// a read's context would cut a close handshake in progress.
+		typ, data, err := s.ws.Read(context.Background())
+		if err != nil {
+			s.readFailed(err)
+			return
+		}
+		if isClosed(s.done) {
+			continue // drain until the close handshake finishes
+		}
+		var ok bool
+		if typ == websocket.MessageText {
+			ok = s.control(data)
+		} else {
+			ok = s.frame(data)
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// readFailed turns the end of the socket into an outcome. The close reason
+// carries the two endings the spec gives a meaning: `replaced` and
+// `revoked`; an error message that answered no control frame (the broker
+// says why before closing) is the next best explanation.
+func (s *session) readFailed(err error) {
+	s.mu.Lock()
+	last := s.lastErrCode
+	s.mu.Unlock()
+	code, detail := codeClosed, "the broker socket ended"
+	var ce websocket.CloseError
+	switch {
+	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonReplaced:
+		code, detail = codeReplaced, detailReplaced
+	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonRevoked:
+		code, detail = string(wire.CodeRevoked), detailAuthFailure
+	case last != "":
+		code, detail = string(last), last.Description()
+	case errors.As(err, &ce) && ce.Code == websocket.StatusGoingAway:
+		code, detail = codeGoingAway, "the broker is going away"
+	case errors.As(err, &ce):
+		detail = fmt.Sprintf("the broker closed the socket with %d", int(ce.Code))
+	}
+	s.fail(code, detail, 0, "")
+}
+
+func (s *session) protocolError(detail string) bool {
+	s.c.count("protocol_error")
+	s.log.Warn().Str("why", detail).Msg("reach: the broker broke the protocol; reconnecting")
+	s.fail(codeProtocol, detail, websocket.StatusPolicyViolation, "protocol violation")
+	return false
+}
+
+func (s *session) control(data []byte) bool {
+	m, err := wire.ParseBrokerMessage(data)
+	if err != nil {
+		return s.protocolError("invalid control message")
+	}
+	switch m := m.(type) {
+	case wire.Open:
+		s.open(m)
+		return true
+	case wire.Published, wire.Revoked, wire.ErrorMsg:
+		return s.reply(m)
+	}
+	return s.protocolError("unexpected " + m.Type() + " message")
+}
+
+func (s *session) reply(m wire.Message) bool {
+	s.mu.Lock()
+	if len(s.pending) == 0 {
+		if e, ok := m.(wire.ErrorMsg); ok {
+			s.lastErrCode = e.Code
+			s.mu.Unlock()
+			s.log.Warn().Str("code", string(e.Code)).Msg("reach: the broker reported an error")
+			return true
+		}
+		s.mu.Unlock()
+		return s.protocolError("reply without a pending control message")
+	}
+	p := s.pending[0]
+	s.pending[0] = nil
+	s.pending = s.pending[1:]
+	s.mu.Unlock()
+	if e, ok := m.(wire.ErrorMsg); ok {
+		p.res <- e.Err()
+		return true
+	}
+	if !p.matches(m) {
+		p.res <- errProtocolReply
+		return s.protocolError("reply does not match the pending control message")
+	}
+	p.res <- nil
+	return true
+}
+
+// open accepts a stream, or answers CLOSE at once when it is not for this
+// registration, over the limit, or the front cannot take it.
+func (s *session) open(m wire.Open) {
+	id := m.StreamID
+	if m.HostConnectionID != s.connID {
+		s.c.count("open_other_registration")
+		s.log.Warn().Str("stream_id", id.String()).Msg("reach: open for another registration; answering CLOSE")
+		s.mu.Lock()
+		s.orphanCloseLocked(id)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	if s.end != nil {
+		s.mu.Unlock()
+		return
+	}
+	if _, live := s.streams[id]; live {
+		s.mu.Unlock()
+		s.c.count("open_duplicate")
+		return
+	}
+	if len(s.streams) >= s.c.cfg.MaxStreams {
+		s.orphanCloseLocked(id)
+		s.mu.Unlock()
+		s.c.count("open_over_limit")
+		s.log.Info().Str("stream_id", id.String()).Int("max_streams", s.c.cfg.MaxStreams).Msg("reach: stream limit reached; answering CLOSE")
+		return
+	}
+	st := newStream(s, id)
+	s.streams[id] = st
+	s.closed.remove(id)
+	s.mu.Unlock()
+	s.c.count("open")
+	if !s.c.ln.offer(st) {
+		s.reset(st, "the front is not accepting")
+	}
+}
+
+// orphanCloseLocked queues a CLOSE for an id that has no stream.
+func (s *session) orphanCloseLocked(id wire.ID) {
+	s.closed.add(id)
+	if len(s.orphans) >= maxOrphanCloses {
+		s.c.count("close_dropped")
+		return
+	}
+	s.orphans = append(s.orphans, wire.AppendClose(nil, id))
+	signal(s.wake)
+}
+
+func (s *session) frame(data []byte) bool {
+	f, err := wire.ParseFrame(data)
+	if err != nil {
+		return s.protocolError("invalid frame")
+	}
+	s.mu.Lock()
+	st := s.streams[f.StreamID]
+	if st == nil {
+		// Unknown: answer DATA with one CLOSE (never CLOSE with CLOSE, and
+		// never a second time for the same id); it does not end the
+		// registration.
+		if f.Flags == wire.FlagData && !s.closed.has(f.StreamID) && s.end == nil {
+			s.c.count("data_unknown_stream")
+			s.orphanCloseLocked(f.StreamID)
+		}
+		s.mu.Unlock()
+		return true
+	}
+	if f.Flags == wire.FlagClose {
+		s.finishLocked(st)
+		s.mu.Unlock()
+		st.endInbound(io.EOF)
+		return true
+	}
+	if st.closePending {
+		s.mu.Unlock()
+		return true // the front closed it; our CLOSE is on its way
+	}
+	s.mu.Unlock()
+	s.deliver(st, f.Payload)
+	return true
+}
+
+// deliver hands DATA to the front. A stream buffers at most
+// StreamBufferBytes; when the front has not made room, the reader stops
+// reading the broker socket until it does (plain v1 has no per-stream flow
+// control, so this stalls every stream, like the broker's own host→client
+// queue). If the front reads nothing from that stream for
+// SlowConsumerTimeout, that stream alone is reset and reading goes on; a
+// slow reader that makes progress is never cut.
+func (s *session) deliver(st *stream, payload []byte) {
+	n := len(payload)
+	limit := s.c.cfg.StreamBufferBytes
+	var waitStart time.Time
+	for {
+		st.mu.Lock()
+		if st.closed || st.readErr != nil {
+			st.mu.Unlock()
+			return // closed or reset meanwhile: dropped like a late frame
+		}
+		if st.in.Len() == 0 || st.in.Len()+n <= limit {
+			st.in.Write(payload)
+			st.mu.Unlock()
+			signal(st.readable)
+			return
+		}
+		st.mu.Unlock()
+		now := time.Now()
+		if waitStart.IsZero() {
+			waitStart = now
+			s.c.count("paused")
+			s.pause.enter()
+			defer s.pause.leave()
+		}
+		last := waitStart
+		if p := time.Unix(0, st.progress.Load()); p.After(last) {
+			last = p
+		}
+		stalled := now.Sub(last)
+		if stalled >= s.c.cfg.SlowConsumerTimeout {
+			s.c.count("slow_consumer")
+			s.log.Info().Str("stream_id", st.id.String()).Dur("stalled", stalled).
+				Msg("reach: the front made no progress on a full stream buffer; closing that stream")
+			s.reset(st, "slow consumer")
+			return
+		}
+		t := time.NewTimer(s.c.cfg.SlowConsumerTimeout - stalled)
+		select {
+		case <-st.space:
+		case <-t.C:
+		case <-s.done:
+		}
+		t.Stop()
+		if isClosed(s.done) {
+			return
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Stream ends
+
+// finishLocked ends st on the session's side: no more frames either way.
+func (s *session) finishLocked(st *stream) {
+	if st.finished {
+		return
+	}
+	st.finished = true
+	if s.streams[st.id] == st {
+		delete(s.streams, st.id)
+	}
+	s.closed.add(st.id)
+	st.out.Reset()
+	close(st.finCh)
+	s.c.completed.Add(1)
+}
+
+// closeLocal queues CLOSE for st after its pending bytes (reset: instead of
+// them).
+func (s *session) closeLocal(st *stream, reset bool) {
+	s.mu.Lock()
+	if st.finished || st.closePending {
+		s.mu.Unlock()
+		return
+	}
+	st.closePending = true
+	if reset {
+		st.out.Reset()
+	}
+	s.scheduleLocked(st)
+	s.mu.Unlock()
+	signal(s.wake)
+}
+
+// reset is a local failure: the front gets an error, the broker CLOSE.
+func (s *session) reset(st *stream, why string) {
+	s.log.Debug().Str("stream_id", st.id.String()).Str("why", why).Msg("reach: resetting stream")
+	st.endInbound(errStreamReset)
+	s.closeLocal(st, true)
+}
+
+// finishAll ends every stream when the registration is over: the front
+// reads what already arrived, then EOF; its writes fail. Waiting publishers
+// learn the registration is gone.
+func (s *session) finishAll() {
+	s.mu.Lock()
+	sts := make([]*stream, 0, len(s.streams))
+	for _, st := range s.streams {
+		sts = append(sts, st)
+	}
+	for _, st := range sts {
+		s.finishLocked(st)
+	}
+	pending := s.pending
+	s.pending = nil
+	s.rr = nil
+	s.mu.Unlock()
+	for _, st := range sts {
+		st.endInbound(io.EOF)
+	}
+	for _, p := range pending {
+		p.res <- ErrNotConnected
+	}
+}
+
+func (s *session) scheduleLocked(st *stream) {
+	if !st.inRR {
+		st.inRR = true
+		s.rr = append(s.rr, st)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Writing
+
+// writeLoop is the only writer of the socket. Every write has its own
+// deadline; one that misses it ends the registration.
+func (s *session) writeLoop() {
+	for {
+		typ, data, ok := s.next()
+		if !ok {
+			return
+		}
+		if data == nil {
+			select {
+			case <-s.wake:
+			case <-s.done:
+			}
+			continue
+		}
+		// The deadline decides the outcome before it cuts the socket, so
+		// the reader, which sees the cut too, cannot report it as
+		// something else. (Not s.ctx: cancelling that would cut a
+		// graceful close in the middle.)
+		deadline := time.AfterFunc(s.c.cfg.WriteTimeout, func() {
+			s.c.count("write_timeout")
+			s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
+		})
+		err := s.ws.Write(context.Background(), typ, data)
+		deadline.Stop()
+		if err != nil {
+			s.fail(codeWrite, "a write to the broker failed", 0, "")
+			return
+		}
+	}
+}
+
+// next picks what to write: control messages first (they are small and
+// callers wait on them), then CLOSE answers, then stream frames round-robin,
+// one chunk of at most 64 KiB per stream per turn, so a bulk stream cannot
+// starve another stream's small messages. ok is false once the
+// registration ended; data is nil when there is nothing to write.
+func (s *session) next() (typ websocket.MessageType, data []byte, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.end != nil {
+		return 0, nil, false
+	}
+	if len(s.ctrl) > 0 {
+		data = s.ctrl[0]
+		s.ctrl[0] = nil
+		s.ctrl = s.ctrl[1:]
+		return websocket.MessageText, data, true
+	}
+	if len(s.orphans) > 0 {
+		data = s.orphans[0]
+		s.orphans[0] = nil
+		s.orphans = s.orphans[1:]
+		return websocket.MessageBinary, data, true
+	}
+	for len(s.rr) > 0 {
+		i := s.rrNext % len(s.rr)
+		st := s.rr[i]
+		switch {
+		case st.finished:
+			s.removeRR(i)
+		case st.out.Len() > 0:
+			k := min(wire.MaxConnectorChunk, st.out.Len())
+			frame := make([]byte, 0, wire.HeaderLen+k)
+			frame, _ = wire.AppendFrame(frame, wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: st.out.Next(k)})
+			signal(st.outSpace)
+			if st.out.Len() == 0 && !st.closePending {
+				s.removeRR(i)
+			} else {
+				s.rrNext = i + 1
+			}
+			return websocket.MessageBinary, frame, true
+		case st.closePending:
+			s.removeRR(i)
+			s.finishLocked(st)
+			return websocket.MessageBinary, wire.AppendClose(nil, st.id), true
+		default:
+			s.removeRR(i)
+		}
+	}
+	return 0, nil, true
+}
+
+func (s *session) removeRR(i int) {
+	s.rr[i].inRR = false
+	copy(s.rr[i:], s.rr[i+1:])
+	s.rr[len(s.rr)-1] = nil
+	s.rr = s.rr[:len(s.rr)-1]
+	s.rrNext = i
+	if i == len(s.rr) {
+		// Wrap now: a stream scheduled next is appended here and must wait
+		// for the streams already waiting.
+		s.rrNext = 0
+	}
+}
+
+// send queues a control message and returns the channel its reply arrives
+// on.
+func (s *session) send(msg []byte, p *pendingReply) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.end != nil {
+		return ErrNotConnected
+	}
+	if len(s.pending) >= s.c.cfg.MaxPendingControl {
+		return errTooManyPending
+	}
+	s.ctrl = append(s.ctrl, msg)
+	s.pending = append(s.pending, p)
+	signal(s.wake)
+	return nil
+}
+
+var errTooManyPending = errors.New("reach: too many control messages await a reply")
+
+// ---------------------------------------------------------------------------
+// Keepalive
+
+// pauseState records when the reader deliberately stops reading (a full
+// stream buffer). Pongs are only seen while it reads, so a ping that fails
+// during or across a pause is forgiven instead of dropping a live broker for
+// our own backpressure.
+type pauseState struct {
+	n     atomic.Int32
+	epoch atomic.Uint64
+}
+
+func (p *pauseState) enter() { p.n.Add(1); p.epoch.Add(1) }
+func (p *pauseState) leave() { p.n.Add(-1) }
+
+// keepalive pings every PingInterval and ends the registration when no pong
+// arrived within PongTimeout of the previous one.
+func (s *session) keepalive() {
+	last := time.Now()
+	t := time.NewTimer(s.c.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-s.done:
+			return
+		}
+		e0 := s.pause.epoch.Load()
+		if s.pause.n.Load() > 0 {
+			last = time.Now()
+			t.Reset(s.c.cfg.PingInterval)
+			continue
+		}
+		ctx, cancel := context.WithDeadline(s.ctx, last.Add(s.c.cfg.PongTimeout))
+		err := s.ws.Ping(ctx)
+		cancel()
+		switch {
+		case err == nil || s.pause.epoch.Load() != e0 || s.pause.n.Load() > 0:
+			last = time.Now()
+		case isClosed(s.done):
+			return
+		default:
+			s.c.count("ping_timeout")
+			s.fail(codePingTimeout, "no pong from the broker in time", 0, "")
+			return
+		}
+		t.Reset(s.c.cfg.PingInterval)
+	}
+}
+
+// ---------------------------------------------------------------------------
+
+// idRing is a bounded set of stream ids, evicting the oldest.
+type idRing struct {
+	set  map[wire.ID]struct{}
+	ring []wire.ID
+	next int
+}
+
+func newIDRing(n int) idRing {
+	return idRing{set: make(map[wire.ID]struct{}, n), ring: make([]wire.ID, 0, n)}
+}
+
+func (r *idRing) has(id wire.ID) bool { _, ok := r.set[id]; return ok }
+
+func (r *idRing) remove(id wire.ID) { delete(r.set, id) }
+
+func (r *idRing) add(id wire.ID) {
+	if r.has(id) {
+		return
+	}
+	if len(r.ring) < cap(r.ring) {
+		r.ring = append(r.ring, id)
+	} else {
+		delete(r.set, r.ring[r.next])
+		r.ring[r.next] = id
+		r.next = (r.next + 1) % len(r.ring)
+	}
+	r.set[id] = struct{}{}
+}

@@ -233,8 +233,8 @@ func (c *Config) Validate() error {
 	if c.Reach.HostID != "" && !CanonicalID(c.Reach.HostID) {
 		add(c.Errorf("reach.host_id", "must be the 22-character id printed by `securelink broker add-host`"))
 	}
-	if c.Reach.MaxStreams < 1 || c.Reach.MaxStreams > 1024 {
-		add(c.Errorf("reach.max_streams", "must be 1..1024"))
+	if c.Reach.MaxStreams < 1 || c.Reach.MaxStreams > 64 {
+		add(c.Errorf("reach.max_streams", "must be 1..64"))
 	}
 	if c.Reach.Enabled {
 		if c.Reach.BrokerURL == "" {
@@ -274,9 +274,6 @@ func (c *Config) Unsupported() error {
 	}
 	if c.HTTP3 {
 		errs = append(errs, c.Errorf("http3", "HTTP/3 is not supported yet; set http3: false"))
-	}
-	if c.Reach.Enabled {
-		errs = append(errs, c.Errorf("reach.enabled", "Reach is not supported yet; set reach.enabled: false"))
 	}
 	return errors.Join(errs...)
 }

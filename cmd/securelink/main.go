@@ -48,6 +48,7 @@ func newApp() *cli.App {
 			pairCommand(),
 			brokerCommand(),
 			connectCommand(),
+			revokeCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",

@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/internal/sdnotify"
 	"github.com/hermes-securelink/securelink/metrics"
@@ -51,6 +52,8 @@ type daemon struct {
 	boundPort  int
 	metrics    *metrics.Front
 	metricsAt  string
+	reach      *connector.Connector
+	reachCfg   config.Reach
 
 	mu        sync.Mutex
 	env       *env
@@ -78,6 +81,12 @@ func runServe(ctx context.Context, flagConfig string) error {
 
 	if e.cfg.Metrics.Listen != "" {
 		d.metrics, d.metricsAt = metrics.NewFront(), e.cfg.Metrics.Listen
+	}
+	if e.cfg.Reach.Enabled {
+		if d.reach, err = newConnector(e.cfg.Reach, log); err != nil {
+			return err
+		}
+		d.reachCfg = e.cfg.Reach
 	}
 	opts, id, auth, err := d.build(e)
 	if err != nil {
@@ -110,6 +119,7 @@ func runServe(ctx context.Context, flagConfig string) error {
 	}
 	d.admin = adm
 	d.registerAdmin()
+	d.registerReachAdmin()
 	go func() {
 		if err := adm.Serve(); err != nil {
 			log.Error().Err(err).Msg("admin socket stopped")
@@ -117,8 +127,18 @@ func runServe(ctx context.Context, flagConfig string) error {
 	}()
 	defer adm.Close()
 
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- front.Serve(ln) }()
+	if d.reach != nil {
+		// Broker streams are served in memory by the same front: one policy
+		// path, and ConnContext marks them for the route-credential handoff.
+		go func() { serveErr <- front.Serve(d.reach.Listener()) }()
+		go func() {
+			if err := d.reach.Run(ctx); err != nil && ctx.Err() == nil {
+				log.Error().Err(err).Str("event", "reach_stopped").Msg("Reach connector stopped")
+			}
+		}()
+	}
 	notify := sdnotify.New(log)
 	notify.Ready()
 	notify.Status("serving %s, pin %s", auth, id.Pin)
@@ -203,6 +223,9 @@ func (d *daemon) build(e *env) (proxy.Options, *pinning.Identity, pinning.Author
 		return proxy.Options{}, nil, pinning.Authority{}, err
 	}
 	opts.Metrics = d.metrics
+	if d.reach != nil {
+		opts.Relay.Handoff = d.reach.Handoff()
+	}
 	return opts, id, ra.Authority, nil
 }
 
@@ -259,6 +282,9 @@ func (d *daemon) reload() {
 	if e.cfg.Metrics.Listen != d.metricsAt {
 		d.log.Warn().Str("event", "reload_partial").Msg("a new metrics.listen needs a restart; keeping " + orNone(d.metricsAt))
 	}
+	if e.cfg.Reach != d.reachCfg {
+		d.log.Warn().Str("event", "reload_partial").Msg("reach settings changed; restart the daemon to apply them (the connector keeps its current settings)")
+	}
 	if e.stateDir != d.env.stateDir {
 		d.log.Error().Str("event", "reload_failed").Msg("the state directory changed; restart the daemon to use it")
 		return
@@ -308,17 +334,7 @@ type availabilityJSON struct {
 	Available bool `json:"available"`
 }
 
-type reachStatusJSON struct {
-	Enabled          bool    `json:"enabled"`
-	State            string  `json:"state"`
-	BrokerURL        string  `json:"broker_url"`
-	HostID           string  `json:"host_id"`
-	ActiveStreams    int     `json:"active_streams"`
-	CompletedStreams int     `json:"completed_streams"`
-	Attempts         int     `json:"attempts"`
-	LastError        string  `json:"last_error"`
-	ConnectedSince   *string `json:"connected_since"`
-}
+type reachStatusJSON = connector.Status
 
 type statusJSON struct {
 	Version           string                      `json:"version"`
@@ -353,12 +369,7 @@ func (d *daemon) status(ctx context.Context) statusJSON {
 			"api":       {avail.API},
 			"dashboard": {avail.Dashboard},
 		},
-		Reach: reachStatusJSON{
-			Enabled:   e.cfg.Reach.Enabled,
-			State:     "stopped",
-			BrokerURL: e.cfg.Reach.BrokerURL,
-			HostID:    e.cfg.Reach.HostID,
-		},
+		Reach:            d.reachStatus(),
 		ActiveWebSockets: d.front.Bridge().Active() + d.front.ActiveUpgrades(),
 		SNIRejected:      d.front.SNIRejected(),
 	}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/internal/trust"
+)
+
+// maxBootstrapTTL bounds POST /reach/bootstrap: the broker refuses a
+// bootstrap expiring more than an hour ahead.
+const maxBootstrapTTL = time.Hour
+
+// newConnector builds the Reach host connector from reach.*.
+func newConnector(rc config.Reach, log zerolog.Logger) (*connector.Connector, error) {
+	tok, err := readSecretFile(rc.HostTokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("reach.host_token_file: %w", err)
+	}
+	pool, err := trust.BrokerRoots(rc.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("reach.ca_file: %w", err)
+	}
+	c, err := connector.New(connector.Config{
+		BrokerURL:  rc.BrokerURL,
+		HostID:     rc.HostID,
+		Token:      wire.Secret(tok),
+		RootCAs:    pool,
+		MaxStreams: rc.MaxStreams,
+		Log:        log.With().Str("component", "reach").Logger(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reach: %w", err)
+	}
+	return c, nil
+}
+
+func (d *daemon) reachStatus() connector.Status {
+	if d.reach == nil {
+		d.mu.Lock()
+		rc := d.env.cfg.Reach
+		d.mu.Unlock()
+		return connector.Status{Enabled: false, State: "stopped", BrokerURL: rc.BrokerURL, HostID: rc.HostID}
+	}
+	return d.reach.Status()
+}
+
+// registerReachAdmin adds POST /reach/bootstrap and POST /reach/revoke.
+func (d *daemon) registerReachAdmin() {
+	d.admin.HandleJSON("POST /reach/bootstrap", func(r *http.Request) (any, int, error) {
+		if d.reach == nil {
+			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
+		}
+		var req struct {
+			TTLSeconds int64 `json:"ttl_seconds"`
+		}
+		if err := decodeAdmin(r, &req); err != nil {
+			return nil, http.StatusBadRequest, err
+		}
+		ttl := time.Duration(req.TTLSeconds) * time.Second
+		if ttl <= 0 {
+			ttl = 10 * time.Minute
+		}
+		if ttl > maxBootstrapTTL {
+			return nil, http.StatusBadRequest, fmt.Errorf("ttl_seconds must be at most %d", int(maxBootstrapTTL/time.Second))
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		b, err := d.reach.PublishBootstrap(ctx, ttl)
+		switch {
+		case errors.Is(err, connector.ErrNotConnected):
+			return nil, http.StatusConflict, err
+		case err != nil:
+			return nil, http.StatusBadGateway, err
+		}
+		return b, 0, nil
+	})
+	d.admin.HandleJSON("POST /reach/revoke", func(r *http.Request) (any, int, error) {
+		if d.reach == nil {
+			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
+		}
+		var req struct {
+			CredentialID string `json:"credential_id"`
+		}
+		if err := decodeAdmin(r, &req); err != nil {
+			return nil, http.StatusBadRequest, err
+		}
+		if !wire.ValidLabel(req.CredentialID) {
+			return nil, http.StatusBadRequest, errors.New("credential_id must be 1..128 of [A-Za-z0-9_-]")
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		err := d.reach.Revoke(ctx, req.CredentialID)
+		switch {
+		case errors.Is(err, connector.ErrNotConnected):
+			return nil, http.StatusConflict, err
+		case err != nil:
+			return nil, http.StatusBadGateway, err
+		}
+		return map[string]string{"revoked": req.CredentialID}, 0, nil
+	})
+}
+
+// decodeAdmin reads a small JSON body strictly.
+func decodeAdmin(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("request body: %w", err)
+	}
+	return nil
+}
+
+func revokeCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "revoke",
+		Usage:     "revoke a Reach route credential at the broker (through the running daemon)",
+		ArgsUsage: "CREDENTIAL_ID",
+		Flags:     []cli.Flag{configFlag},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return errors.New("revoke takes exactly one CREDENTIAL_ID (flags go before it)")
+			}
+			e, err := loadEnv(c.String("config"), false)
+			if err != nil {
+				return err
+			}
+			cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
+			if _, err := cl.Do(c.Context, http.MethodPost, "/reach/revoke", map[string]string{"credential_id": c.Args().First()}, nil); err != nil {
+				return err
+			}
+			fmt.Println("revoked", c.Args().First())
+			return nil
+		},
+	}
+}

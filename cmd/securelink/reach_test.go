@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/broker/client"
+	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// brokerCert writes a self-signed certificate for 127.0.0.1 (it is its own CA).
+func brokerCert(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "test broker"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalPKCS8PrivateKey(key)
+	certFile, keyFile = filepath.Join(dir, "broker.crt"), filepath.Join(dir, "broker.key")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600)
+	return certFile, keyFile
+}
+
+// startLineProc starts a command and waits for its first stdout line.
+func startLineProc(t *testing.T, prefix string, args ...string) (*exec.Cmd, string, *syncWriter) {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	stderr := &syncWriter{b: &strings.Builder{}}
+	cmd.Stderr = stderr
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case line <- sc.Text():
+			default:
+			}
+		}
+	}()
+	select {
+	case l := <-line:
+		if !strings.HasPrefix(l, prefix) {
+			t.Fatalf("%v: first line %q; stderr: %s", args, l, stderr.String())
+		}
+		return cmd, l, stderr
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%v did not start: %s", args, stderr.String())
+	}
+	return nil, "", nil
+}
+
+func TestReachEndToEndFromTheCLI(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatal("curl is required")
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o700)
+	certFile, keyFile := brokerCert(t, dir)
+	bport := freePort(t)
+	bcfg := filepath.Join(dir, "broker.yaml")
+	os.WriteFile(bcfg, []byte(fmt.Sprintf("listen: \"127.0.0.1:%d\"\ntls: {cert_file: %s, key_file: %s}\nhosts_file: %s\nstate_file: %s\n",
+		bport, certFile, keyFile, filepath.Join(dir, "hosts.json"), filepath.Join(dir, "state.json"))), 0o600)
+	so, se, err := runCLI(t, "broker", "add-host", "--config", bcfg, "--json")
+	if err != nil {
+		t.Fatalf("add-host: %v %s", err, se)
+	}
+	var host struct {
+		HostID string `json:"host_id"`
+		Token  string `json:"host_token"`
+	}
+	json.Unmarshal([]byte(so), &host)
+	startLineProc(t, "broker listening", "broker", "serve", "--config", bcfg)
+
+	tokenFile := filepath.Join(dir, "host.token")
+	os.WriteFile(tokenFile, []byte(host.Token+"\n"), 0o600)
+	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	f, _ := os.OpenFile(cfgPath, os.O_APPEND|os.O_WRONLY, 0)
+	fmt.Fprintf(f, "reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\n",
+		bport, host.HostID, tokenFile, certFile)
+	f.Close()
+	d := startDaemon(t, cfgPath)
+
+	// The connector registers.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := filepath.Join(dir, "state", "admin.sock")
+	cl := admin.NewClient(sock)
+	for {
+		var st struct {
+			Reach connector.Status `json:"reach"`
+		}
+		if _, err := cl.Do(ctx, "GET", "/status", nil, &st); err == nil && st.Reach.State == "connected" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("connector never connected: %s", d.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// A bootstrap from the daemon, as `securelink pair` would get it.
+	var boot connector.Bootstrap
+	if _, err := cl.Do(ctx, "POST", "/reach/bootstrap", map[string]int{"ttl_seconds": 600}, &boot); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	var ident identityAnswer
+	if _, err := cl.Do(ctx, "GET", "/identity", nil, &ident); err != nil {
+		t.Fatal(err)
+	}
+	cand, err := client.NewCandidate(1, client.CandidateBroker{ProtocolVersion: 1, URL: boot.BrokerURL, HostID: boot.HostID,
+		CredentialKind: "bootstrap", Token: wireSecret(boot.Token), ExpiresAt: boot.ExpiresAt}, ident.URL, ident.PinSHA256, ident.CertDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cj, _ := cand.QRJSON()
+	candFile := filepath.Join(dir, "candidate.json")
+	os.WriteFile(candFile, cj, 0o600)
+
+	lport := freePort(t)
+	startLineProc(t, "forwarding", "connect", "--candidate", candFile, "--listen", fmt.Sprintf("127.0.0.1:%d", lport), "--ca-file", certFile)
+
+	_, aport, _ := net.SplitHostPort(d.addr)
+	curl := func() ([]byte, error) {
+		return exec.Command("curl", "-sS", "--max-time", "15", "-k",
+			"--pinnedpubkey", "sha256//"+strings.TrimPrefix(d.pin, "sha256/"),
+			"--connect-to", fmt.Sprintf("127.0.0.1:%s:127.0.0.1:%d", aport, lport),
+			"https://127.0.0.1:"+aport+"/relay/health").CombinedOutput()
+	}
+	out, err := curl()
+	if err != nil || !strings.Contains(string(out), `"surface":"hermes_secure_proxy"`) {
+		t.Fatalf("curl through connect + broker: %v\n%s\ndaemon: %s", err, out, d.stderr.String())
+	}
+	// The bootstrap served its one connection.
+	if out, err := curl(); err == nil {
+		t.Fatalf("a spent bootstrap served a second connection: %s", out)
+	}
+}
+
+func wireSecret(s string) wire.Secret { return wire.Secret(s) }

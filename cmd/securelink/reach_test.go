@@ -10,7 +10,9 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -78,10 +80,15 @@ func startLineProc(t *testing.T, prefix string, args ...string) (*exec.Cmd, stri
 	return nil, "", nil
 }
 
-func TestReachEndToEndFromTheCLI(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Fatal("curl is required")
-	}
+// reachStack is a broker, and a daemon with Reach on that registered with it.
+type reachStack struct {
+	dir, cfgPath, certFile string
+	d                      *daemonProc
+	admin                  *admin.Client
+}
+
+func startReachStack(t *testing.T) *reachStack {
+	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o700)
 	certFile, keyFile := brokerCert(t, dir)
@@ -126,6 +133,17 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return &reachStack{dir: dir, cfgPath: cfgPath, certFile: certFile, d: d, admin: cl}
+}
+
+func TestReachEndToEndFromTheCLI(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatal("curl is required")
+	}
+	rs := startReachStack(t)
+	dir, certFile, d, cl := rs.dir, rs.certFile, rs.d, rs.admin
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 
 	// A bootstrap from the daemon, as `securelink pair` would get it.
 	var boot connector.Bootstrap
@@ -166,3 +184,54 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 }
 
 func wireSecret(s string) wire.Secret { return wire.Secret(s) }
+
+// The QR that `securelink pair` prints carries a Reach route whose bootstrap
+// lets a client reach the host through the broker exactly once.
+func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
+	rs := startReachStack(t)
+	hermesHome := filepath.Join(rs.dir, "hermes")
+	os.MkdirAll(hermesHome, 0o700)
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	os.WriteFile(filepath.Join(hermesHome, "hermes-relay-qr-secret"), secret, 0o600)
+	mint := fakeMintRelay(t, secret, nil)
+	so, se, err := runPairCLI(t, hermesHome, "200", "--config", rs.cfgPath, "--relay", mint.URL, "--json")
+	if err != nil {
+		t.Fatalf("pair with Reach: %v\n%s", err, se)
+	}
+	var out struct {
+		Payload struct {
+			Endpoints []json.RawMessage `json:"endpoints"`
+		} `json:"payload"`
+	}
+	if err := json.Unmarshal([]byte(so), &out); err != nil || len(out.Payload.Endpoints) != 2 {
+		t.Fatalf("endpoints: %v %s", err, so)
+	}
+	cand, err := client.ParseCandidate(out.Payload.Endpoints[1])
+	if err != nil {
+		t.Fatalf("the QR's outbound_broker candidate: %v", err)
+	}
+	if cand.Proxy.PinSHA256 != rs.d.pin || cand.Broker.CredentialKind != "bootstrap" {
+		t.Fatalf("candidate: %+v", cand)
+	}
+	pool := x509.NewCertPool()
+	pemBytes, _ := os.ReadFile(rs.certFile)
+	pool.AppendCertsFromPEM(pemBytes)
+	cfg := cand.Config()
+	cfg.RootCAs = pool
+	host, _ := cand.Authority()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn, err := client.DialTLS(ctx, cfg, host, cand.Proxy.PinSHA256)
+	if err != nil {
+		t.Fatalf("first use of the QR's bootstrap: %v", err)
+	}
+	fmt.Fprintf(conn, "GET /relay/health HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", rs.d.addr)
+	body, _ := io.ReadAll(conn)
+	conn.Close()
+	if !strings.Contains(string(body), "hermes_secure_proxy") {
+		t.Fatalf("through the broker: %q", body)
+	}
+	if _, err := client.DialTLS(ctx, cfg, host, cand.Proxy.PinSHA256); !errors.Is(err, wire.ErrReplayed) {
+		t.Fatalf("second use of a bootstrap: %v, want replayed", err)
+	}
+}

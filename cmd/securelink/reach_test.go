@@ -235,3 +235,19 @@ func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
 		t.Fatalf("second use of a bootstrap: %v, want replayed", err)
 	}
 }
+
+func TestPairFailsWhenReachIsNotConnected(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "host.token")
+	os.WriteFile(tokenFile, []byte(strings.Repeat("t", 43)), 0o600)
+	cfgPath := writeConfig(t, dir, "http://127.0.0.1:1")
+	f, _ := os.OpenFile(cfgPath, os.O_APPEND|os.O_WRONLY, 0)
+	fmt.Fprintf(f, "reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: \"AAAAAAAAAAAAAAAAAAAAAA\"\n  host_token_file: %q\n",
+		freePort(t), tokenFile)
+	f.Close()
+	startDaemon(t, cfgPath)
+	so, se, err := runPairCLI(t, dir, "200", "--config", cfgPath)
+	if err == nil || !strings.Contains(se, "--no-reach") || strings.Contains(so, "hermes-relay://") {
+		t.Fatalf("pair with a disconnected connector: %v\n%s\n%s", err, so, se)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,6 +108,62 @@ func (f *Front) HandshakeFailure(reason string) {
 		return
 	}
 	f.handshakeFailure.WithLabelValues(reason).Inc()
+}
+
+// Register adds a collector (e.g. BrokerCollector) to the registry.
+func (f *Front) Register(c prometheus.Collector) {
+	if f == nil {
+		return
+	}
+	f.reg.MustRegister(c)
+}
+
+// BrokerStats is what the broker reports at scrape time. Counts keys are
+// "kind:outcome" strings from a fixed set in the broker's code (refusals by
+// error code, stream ends, drops), never anything a peer chose.
+type BrokerStats struct {
+	HostsOnline, ActiveStreams int
+	QueuedBytes                int64
+	Counts                     map[string]int64
+}
+
+type brokerCollector struct {
+	stats                  func() BrokerStats
+	hosts, streams, queued *prometheus.Desc
+	events                 *prometheus.Desc
+}
+
+// BrokerCollector exposes a broker's state: hosts online, active streams,
+// queued bytes and counted outcomes (refusals by error code and the like).
+func BrokerCollector(stats func() BrokerStats) prometheus.Collector {
+	return &brokerCollector{
+		stats:   stats,
+		hosts:   prometheus.NewDesc("securelink_broker_hosts_online", "Hosts registered with the broker.", nil, nil),
+		streams: prometheus.NewDesc("securelink_broker_streams_active", "Client streams being relayed.", nil, nil),
+		queued:  prometheus.NewDesc("securelink_broker_queued_bytes", "Bytes held in the broker's queues.", nil, nil),
+		events:  prometheus.NewDesc("securelink_broker_events_total", "Counted outcomes: refusals by error code, stream ends, drops.", []string{"kind", "outcome"}, nil),
+	}
+}
+
+func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.hosts
+	ch <- c.streams
+	ch <- c.queued
+	ch <- c.events
+}
+
+func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	ch <- prometheus.MustNewConstMetric(c.hosts, prometheus.GaugeValue, float64(s.HostsOnline))
+	ch <- prometheus.MustNewConstMetric(c.streams, prometheus.GaugeValue, float64(s.ActiveStreams))
+	ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(s.QueuedBytes))
+	for k, v := range s.Counts {
+		kind, outcome, ok := strings.Cut(k, ":")
+		if !ok {
+			kind, outcome = k, ""
+		}
+		ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(v), kind, outcome)
+	}
 }
 
 // GaugeFunc registers a gauge computed at scrape time (open WebSockets,

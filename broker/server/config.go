@@ -46,7 +46,7 @@ type Config struct {
 	AttemptsPerMinute int
 	// MaxQueueBytes bounds all queues of the broker together. Default 512 MiB.
 	MaxQueueBytes int64
-	// MetricsListen is parsed; setting it is refused ("not supported yet").
+	// MetricsListen serves Prometheus text at /metrics; loopback only.
 	MetricsListen string
 	// LogLevel (debug|info|warn|error, default info) and LogFormat
 	// (auto|json|console, default auto) are for the CLI that builds the
@@ -182,7 +182,9 @@ func (c *Config) Validate() error {
 		bad("tls.acme", "ACME is not supported yet; use tls.cert_file and tls.key_file")
 	}
 	if c.MetricsListen != "" {
-		bad("metrics.listen", "metrics are not supported yet; leave metrics.listen empty")
+		if h, _, err := net.SplitHostPort(c.MetricsListen); err != nil || !loopbackHost(h) {
+			bad("metrics.listen", "must be a loopback host:port, e.g. 127.0.0.1:9465")
+		}
 	}
 	if c.HostsFile == "" {
 		bad("hosts_file", "required (created by `securelink broker add-host`)")

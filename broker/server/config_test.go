@@ -44,7 +44,7 @@ func TestConfigValidate(t *testing.T) {
 		"plaintext on a public IP":   func(c *Config) { c.Listen = "192.0.2.1:9444" },
 		"listen host name":           func(c *Config) { c.Listen = "example.com:9444" },
 		"acme":                       func(c *Config) { c.ACME.Email = "a@b" },
-		"metrics":                    func(c *Config) { c.MetricsListen = "127.0.0.1:9464" },
+		"metrics off loopback":       func(c *Config) { c.MetricsListen = "0.0.0.0:9464" },
 		"zero streams":               func(c *Config) { c.MaxStreamsPerHost = 0 },
 		"negative ping":              func(c *Config) { c.PingInterval = -1 },
 		"pong before ping":           func(c *Config) { c.PongTimeout = c.PingInterval },
@@ -119,7 +119,7 @@ func TestLoadConfigErrorsNameFileAndLine(t *testing.T) {
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmax_streams_per_route: 0\n", ":5: max_streams_per_route: must be"},
 		{"hosts_file: h\nstate_file: s\nlisten: 0.0.0.0:1\ninsecure_plaintext: true\n", ":4: insecure_plaintext: plain ws:// is allowed only"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ntls:\n  acme:\n    email: a@b\n", ":6: tls.acme: ACME is not supported yet"},
-		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmetrics:\n  listen: 127.0.0.1:9\n", ":6: metrics.listen: metrics are not supported yet"},
+		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmetrics:\n  listen: 10.0.0.1:9\n", ":6: metrics.listen: must be a loopback"},
 		{"- a\n- b\n", ":1: the configuration must be a mapping"},
 		{"state_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\n", "hosts_file: required"},
 	}

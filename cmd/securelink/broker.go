@@ -15,6 +15,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/internal/sdnotify"
+	"github.com/hermes-securelink/securelink/metrics"
 )
 
 var brokerConfigFlag = &cli.StringFlag{
@@ -98,6 +99,20 @@ func runBroker(ctx context.Context, path string) error {
 	b, err := server.New(*cfg, log)
 	if err != nil {
 		return err
+	}
+	if cfg.MetricsListen != "" {
+		m := metrics.NewFront()
+		m.Register(metrics.BrokerCollector(func() metrics.BrokerStats {
+			st := b.Stats()
+			return metrics.BrokerStats{HostsOnline: st.HostsOnline, ActiveStreams: st.ActiveStreams, QueuedBytes: st.QueuedBytes, Counts: st.Counts}
+		}))
+		ml, err := metrics.Listen(cfg.MetricsListen, m.Registry())
+		if err != nil {
+			b.Close()
+			return fmt.Errorf("metrics.listen: %w", err)
+		}
+		go ml.Serve()
+		defer ml.Shutdown(context.Background())
 	}
 	notify := sdnotify.New(log)
 	hup := make(chan os.Signal, 1)

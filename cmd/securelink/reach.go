@@ -16,6 +16,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/internal/trust"
+	"github.com/hermes-securelink/securelink/metrics"
 )
 
 // maxBootstrapTTL bounds POST /reach/bootstrap: the broker refuses a
@@ -144,4 +145,23 @@ func revokeCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// registerReachMetrics exposes the connector's state at scrape time.
+func registerReachMetrics(m *metrics.Front, c *connector.Connector) {
+	m.GaugeFunc("securelink_reach_connected", "1 while the connector is registered with its broker.", nil, func() float64 {
+		if c.Status().State == connector.StateConnected {
+			return 1
+		}
+		return 0
+	})
+	m.GaugeFunc("securelink_reach_streams_active", "Broker streams being served.", nil, func() float64 {
+		return float64(c.Status().ActiveStreams)
+	})
+	m.CounterFunc("securelink_reach_streams_completed_total", "Broker streams served to completion.", nil, func() float64 {
+		return float64(c.Status().CompletedStreams)
+	})
+	m.CounterFunc("securelink_reach_attempts_total", "Registration attempts with the broker.", nil, func() float64 {
+		return float64(c.Status().Attempts)
+	})
 }

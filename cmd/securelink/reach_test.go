@@ -15,6 +15,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,6 +84,9 @@ func startLineProc(t *testing.T, prefix string, args ...string) (*exec.Cmd, stri
 // reachStack is a broker, and a daemon with Reach on that registered with it.
 type reachStack struct {
 	dir, cfgPath, certFile string
+	hostToken              string
+	frontMetrics           string // host:port
+	brokerMetrics          string
 	d                      *daemonProc
 	admin                  *admin.Client
 }
@@ -93,9 +97,11 @@ func startReachStack(t *testing.T) *reachStack {
 	os.Chmod(dir, 0o700)
 	certFile, keyFile := brokerCert(t, dir)
 	bport := freePort(t)
+	bmetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	fmetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	bcfg := filepath.Join(dir, "broker.yaml")
-	os.WriteFile(bcfg, []byte(fmt.Sprintf("listen: \"127.0.0.1:%d\"\ntls: {cert_file: %s, key_file: %s}\nhosts_file: %s\nstate_file: %s\n",
-		bport, certFile, keyFile, filepath.Join(dir, "hosts.json"), filepath.Join(dir, "state.json"))), 0o600)
+	os.WriteFile(bcfg, []byte(fmt.Sprintf("listen: \"127.0.0.1:%d\"\ntls: {cert_file: %s, key_file: %s}\nhosts_file: %s\nstate_file: %s\nmetrics: {listen: %q}\n",
+		bport, certFile, keyFile, filepath.Join(dir, "hosts.json"), filepath.Join(dir, "state.json"), bmetrics)), 0o600)
 	so, se, err := runCLI(t, "broker", "add-host", "--config", bcfg, "--json")
 	if err != nil {
 		t.Fatalf("add-host: %v %s", err, se)
@@ -111,8 +117,8 @@ func startReachStack(t *testing.T) *reachStack {
 	os.WriteFile(tokenFile, []byte(host.Token+"\n"), 0o600)
 	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
 	f, _ := os.OpenFile(cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	fmt.Fprintf(f, "reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\n",
-		bport, host.HostID, tokenFile, certFile)
+	fmt.Fprintf(f, "reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\nmetrics:\n  listen: %q\n",
+		bport, host.HostID, tokenFile, certFile, fmetrics)
 	f.Close()
 	d := startDaemon(t, cfgPath)
 
@@ -133,7 +139,8 @@ func startReachStack(t *testing.T) *reachStack {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return &reachStack{dir: dir, cfgPath: cfgPath, certFile: certFile, d: d, admin: cl}
+	return &reachStack{dir: dir, cfgPath: cfgPath, certFile: certFile, hostToken: host.Token,
+		frontMetrics: fmetrics, brokerMetrics: bmetrics, d: d, admin: cl}
 }
 
 func TestReachEndToEndFromTheCLI(t *testing.T) {
@@ -181,6 +188,46 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 	if out, err := curl(); err == nil {
 		t.Fatalf("a spent bootstrap served a second connection: %s", out)
 	}
+
+	// Both processes expose their Reach state, and no credential.
+	front := scrapeText(t, rs.frontMetrics)
+	broker := scrapeText(t, rs.brokerMetrics)
+	for _, want := range []string{"securelink_reach_connected 1", "securelink_reach_attempts_total 1", "securelink_reach_streams_completed_total"} {
+		if !strings.Contains(front, want) {
+			t.Errorf("front metrics lack %q", want)
+		}
+	}
+	for _, want := range []string{"securelink_broker_hosts_online 1", `securelink_broker_events_total{kind="stream",outcome="matched"} 1`} {
+		if !strings.Contains(broker, want) {
+			t.Errorf("broker metrics lack %q:\n%s", want, grepLines(broker, "securelink_broker"))
+		}
+	}
+	for _, secret := range []string{rs.hostToken, boot.Token, boot.PairingID, ident.PinSHA256} {
+		if strings.Contains(front, secret) || strings.Contains(broker, secret) {
+			t.Errorf("a scrape contains a credential or identifier")
+		}
+	}
+}
+
+func scrapeText(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func grepLines(text, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func wireSecret(s string) wire.Secret { return wire.Secret(s) }

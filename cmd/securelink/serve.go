@@ -100,6 +100,9 @@ func runServe(ctx context.Context, flagConfig string) error {
 	d.front = front
 	if d.metrics != nil {
 		front.RegisterMetrics(d.metrics)
+		if d.reach != nil {
+			registerReachMetrics(d.metrics, d.reach)
+		}
 		ml, err := metrics.Listen(d.metricsAt, d.metrics.Registry())
 		if err != nil {
 			return fmt.Errorf("metrics.listen: %w", err)

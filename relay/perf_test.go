@@ -113,7 +113,9 @@ func TestBridgeKeepsFramesPipelinedWithTheUpgrade(t *testing.T) {
 func TestBridgeIdleConnectionGoroutines(t *testing.T) {
 	_, b, front := setup(t, nil, func(o *Options) {
 		o.PingInterval = 20 * time.Millisecond // pings keep happening while idle
-		o.PongTimeout = 3 * time.Second
+		// The test's idle clients do not read, so they never answer pings;
+		// the pong timeout must outlast the test even on a loaded machine.
+		o.PongTimeout = 60 * time.Second
 		o.WriteTimeout = 2 * time.Second
 		o.HandoffTimeout = 2 * time.Second
 	})

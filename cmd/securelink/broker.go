@@ -67,18 +67,19 @@ func brokerCommand() *cli.Command {
 			{
 				Name:      "remove-host",
 				Usage:     "remove a host; an online registration is closed with 'revoked' on the broker's next reload",
-				ArgsUsage: "HOST_ID",
-				Flags:     []cli.Flag{brokerConfigFlag},
+				ArgsUsage: "--host-id HOST_ID | -- HOST_ID",
+				Flags:     []cli.Flag{brokerConfigFlag, &cli.StringFlag{Name: "host-id", Usage: "the `HOST_ID` to remove (ids may start with '-': use this flag or put the id after --)"}},
 				Action: func(c *cli.Context) error {
-					if c.NArg() != 1 {
-						return fmt.Errorf("remove-host takes exactly one HOST_ID (flags go before it)")
+					hostID, err := oneID(c, "host-id", "HOST_ID")
+					if err != nil {
+						return err
 					}
 					cfg, err := server.LoadConfig(c.String("config"))
 					if err != nil {
 						return err
 					}
 					fmt.Fprintf(os.Stderr, "securelink: broker config %s, hosts file %s\n", c.String("config"), cfg.HostsFile)
-					if err := store.RemoveHost(cfg.HostsFile, c.Args().First()); err != nil {
+					if err := store.RemoveHost(cfg.HostsFile, hostID); err != nil {
 						return err
 					}
 					fmt.Println("removed; reload the broker (SIGHUP) to close its registration")
@@ -153,4 +154,19 @@ func runBroker(ctx context.Context, path string) error {
 	err = <-errc
 	notify.Stopping()
 	return err
+}
+
+// oneID takes an identifier from --flag or as the single positional
+// argument. Reach ids are base64url and may start with '-', which a flag
+// parser would take for a flag, so both forms exist ("-- ID" also works).
+func oneID(c *cli.Context, flag, what string) (string, error) {
+	id := c.String(flag)
+	switch {
+	case id != "" && c.NArg() == 0:
+		return id, nil
+	case id == "" && c.NArg() == 1:
+		return c.Args().First(), nil
+	default:
+		return "", fmt.Errorf("give exactly one %s, as --%s %s or after -- (flags go before it)", what, flag, what)
+	}
 }

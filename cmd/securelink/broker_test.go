@@ -86,12 +86,21 @@ func TestBrokerCLI(t *testing.T) {
 		t.Fatalf("health: %v", health)
 	}
 
-	if _, se, err := runCLI(t, "broker", "remove-host", "--config", cfg, host.HostID); err != nil {
+	if _, se, err := runCLI(t, "broker", "remove-host", "--config", cfg, "--", host.HostID); err != nil {
 		t.Fatalf("remove-host: %v %s", err, se)
 	}
 	hosts, _ = os.ReadFile(filepath.Join(dir, "hosts.json"))
 	if strings.Contains(string(hosts), host.HostID) {
 		t.Fatal("remove-host left the host in the hosts file")
+	}
+	// Ids are base64url and may start with '-': the flag form always works.
+	so, _, _ = runCLI(t, "broker", "add-host", "--config", cfg, "--json")
+	json.Unmarshal([]byte(so), &host)
+	if _, se, err := runCLI(t, "broker", "remove-host", "--config", cfg, "--host-id", host.HostID); err != nil {
+		t.Fatalf("remove-host --host-id: %v %s", err, se)
+	}
+	if _, _, err := runCLI(t, "broker", "remove-host", "--config", cfg); err == nil {
+		t.Fatal("remove-host without an id succeeded")
 	}
 	cmd.Process.Signal(syscall.SIGHUP)
 	deadline := time.Now().Add(10 * time.Second)

@@ -127,21 +127,22 @@ func revokeCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "revoke",
 		Usage:     "revoke a Reach route credential at the broker (through the running daemon)",
-		ArgsUsage: "CREDENTIAL_ID",
-		Flags:     []cli.Flag{configFlag},
+		ArgsUsage: "--credential-id ID | -- CREDENTIAL_ID",
+		Flags:     []cli.Flag{configFlag, &cli.StringFlag{Name: "credential-id", Usage: "the route credential `ID` (ids may start with '-': use this flag or put the id after --)"}},
 		Action: func(c *cli.Context) error {
-			if c.NArg() != 1 {
-				return errors.New("revoke takes exactly one CREDENTIAL_ID (flags go before it)")
+			credID, err := oneID(c, "credential-id", "CREDENTIAL_ID")
+			if err != nil {
+				return err
 			}
 			e, err := loadEnv(c.String("config"), false)
 			if err != nil {
 				return err
 			}
 			cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
-			if _, err := cl.Do(c.Context, http.MethodPost, "/reach/revoke", map[string]string{"credential_id": c.Args().First()}, nil); err != nil {
+			if _, err := cl.Do(c.Context, http.MethodPost, "/reach/revoke", map[string]string{"credential_id": credID}, nil); err != nil {
 				return err
 			}
-			fmt.Println("revoked", c.Args().First())
+			fmt.Println("revoked", credID)
 			return nil
 		},
 	}

@@ -353,7 +353,12 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 			stalled := now.Sub(last)
 			if stalled >= b.cfg.SlowConsumerTimeout {
 				s.log.Info().Dur("stalled", stalled).Msg("client made no progress on its full queue; closing its stream")
-				b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "slow consumer", toHost: true, cancel: true, stat: "slow_consumer"})
+				// No cancel: the client's writer is stuck in a write, and
+				// cutting it tears the socket down, so the 1013 would never
+				// arrive. The write finishes if the client reads again (then
+				// 1013 follows) or fails after WriteTimeout; the queued data
+				// is released now either way.
+				b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "slow consumer", toHost: true, stat: "slow_consumer"})
 				return true
 			}
 			timer = time.NewTimer(b.cfg.SlowConsumerTimeout - stalled)

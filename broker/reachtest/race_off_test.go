@@ -1,0 +1,5 @@
+//go:build !race
+
+package reachtest
+
+const raceEnabled = false

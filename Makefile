@@ -63,5 +63,12 @@ install-check:
 bench: build
 	./bench/run.sh
 
+# Reach interop with the Python reference, both directions (not part of
+# `make test`: no registry carries it). REF is a checkout of
+# Codename-11/hermes-relay; nothing of it is copied into this tree.
+.PHONY: interop
+interop: build
+	./interop/run.sh "$(REF)"
+
 clean:
 	rm -rf bin

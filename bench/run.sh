@@ -12,6 +12,8 @@
 #   BENCH_PPROF=1   also profile the front during an extra small-GET pass with
 #                   perf (the front exposes no pprof); report in bench/results/
 #   BENCH_ONLY=front|nginx   measure one server only (no ratio column values)
+#   BENCH_ONLY=reach         only the Reach figures (bench/reach.sh): broker
+#                            vs direct, through our broker and connector
 #
 # The table goes to stdout and to bench/results/latest.txt; progress to stderr.
 set -euo pipefail
@@ -36,11 +38,13 @@ GET_CONNS=32
 ECHO_CONNS=32
 HS_LOOPS=16
 SERVERS=(front nginx)
+REACH=1
 case $ONLY in
 "") ;;
-front | nginx) SERVERS=("$ONLY") ;;
+front | nginx) SERVERS=("$ONLY") REACH=0 ;;
+reach) SERVERS=() ;;
 *)
-	echo "BENCH_ONLY must be front or nginx" >&2
+	echo "BENCH_ONLY must be front, nginx or reach" >&2
 	exit 2
 	;;
 esac
@@ -83,14 +87,22 @@ install_pkgs() {
 
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 missing=()
-[[ -x $NGINX ]] || missing+=(nginx)
-command -v wrk >/dev/null || missing+=(wrk)
+if ((${#SERVERS[@]})); then # BENCH_ONLY=reach needs neither nginx nor wrk
+	[[ -x $NGINX ]] || missing+=(nginx)
+	command -v wrk >/dev/null || missing+=(wrk)
+fi
 command -v taskset >/dev/null || missing+=(util-linux)
+command -v openssl >/dev/null || missing+=(openssl)
+if ((REACH)); then
+	command -v jq >/dev/null || missing+=(jq)
+fi
 if ((${#missing[@]})); then
 	install_pkgs "${missing[@]}"
 	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 fi
-[[ -x $NGINX ]] || die "nginx not found after install"
+if ((${#SERVERS[@]})); then
+	[[ -x $NGINX ]] || die "nginx not found after install"
+fi
 
 NCPU=$(nproc)
 if ((NCPU >= 2)); then
@@ -168,15 +180,16 @@ if [[ $PPROF == 1 ]]; then
 		PPROF_NOTE="BENCH_PPROF=1 asked, but perf is not installed (apt-get install linux-perf): no profile taken"
 	fi
 fi
-[[ " ${SERVERS[*]} " != *" front "* || -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
+[[ ( " ${SERVERS[*]} " != *" front "* && $REACH == 0 ) || -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
 
-read -r UP_PORT FRONT_PORT NGINX_PORT < <("$LG" freeports -n 3)
+read -r UP_PORT FRONT_PORT NGINX_PORT BROKER_PORT RFRONT_PORT < <("$LG" freeports -n 5)
 
 # ------------------------------------------------------------------ upstream
 
 log "starting upstream on 127.0.0.1:$UP_PORT (core $LOAD_CPU)"
 load "$LG" upstream -listen "127.0.0.1:$UP_PORT" >"$WORK/upstream.log" 2>&1 &
-BG_PIDS+=($!)
+UP_PID=$!
+BG_PIDS+=($UP_PID)
 "$LG" waitport -addr "127.0.0.1:$UP_PORT" -timeout 20s
 
 # ------------------------------------------------------------------ front
@@ -451,6 +464,7 @@ profile_front() {
 # figures would otherwise absorb part of the increase. Then interleaved per
 # figure, so drift on the shared machine hits both servers alike.
 for fig in idle get download handshakes echo; do
+	((${#SERVERS[@]})) || break
 	for s in "${SERVERS[@]}"; do
 		log "$fig: $s"
 		"measure_$fig" "$s"
@@ -458,6 +472,13 @@ for fig in idle get download handshakes echo; do
 	if [[ $fig == idle ]]; then sleep 1; fi # let the closed sockets drain before CPU figures
 done
 profile_front
+
+# The Reach figures run after the front/nginx ones, with their own broker and
+# front (bench/reach.sh); the servers above stay idle meanwhile.
+if ((REACH)); then
+	source "$ROOT/bench/reach.sh"
+	reach_run
+fi
 
 # ------------------------------------------------------------------ table
 
@@ -468,8 +489,11 @@ for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY; do
 	[[ -n ${!v:-} ]] && ENVS+="$v=${!v} "
 done
 CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
-NGINX_V=$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')
-NGINX_SSL=$("$NGINX" -V 2>&1 | sed -n 's/^built with //p' | head -n1)
+NGINX_V="" NGINX_SSL=""
+if ((${#SERVERS[@]})); then
+	NGINX_V=$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')
+	NGINX_SSL=$("$NGINX" -V 2>&1 | sed -n 's/^built with //p' | head -n1)
+fi
 FRONT_V=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 ratio() {
@@ -503,47 +527,55 @@ busy_line() { # label rate_key cpu_key [scale]
 	echo "securelink bench — $(date -u +%Y-%m-%dT%H:%M:%SZ), $MODE"
 	echo "command:  ${ENVS}$CMD"
 	echo "go:       $($GO version)"
-	echo "nginx:    $NGINX_V ($NGINX_SSL), wrk: $(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
-	echo "cpu:      $CPU_MODEL, $NCPU cores; server on core $SERVER_CPU, load generator + upstream on core $LOAD_CPU"
-	[[ -n ${PID[front]:-} ]] && echo "front:    securelink $FRONT_V ($FRONT_BIN${PPROF_BUILD:+, unstripped build for perf})"
-	for s in "${SERVERS[@]}"; do
-		[[ -n ${R[hs_tls.$s]:-} ]] && echo "tls:      $s negotiated ${R[hs_tls.$s]} with the Go client (P-256 ECDSA key)"
-	done
-	echo
-	printf '%-44s %10s %10s %11s   %s\n' "figure" "front" "nginx" "front/nginx" "better"
-	row "small GET: server CPU µs/request (32 conns)" get_cpu lower
-	row "small GET: requests/s" get_rps higher
-	row "8 MiB download: MB/s (1 conn)" dl_mbs higher
-	row "8 MiB download: server CPU µs/MiB" dl_cpu lower
-	row "new TLS handshakes/s (ECDSA P-256, X25519)" hs_rate higher
-	row "TLS handshake: server CPU µs each" hs_cpu lower
-	row "/relay/ws 1 KiB echo p50 µs (1 conn)" echo_p50 lower
-	row "/relay/ws 1 KiB echo p99 µs (1 conn)" echo_p99 lower
-	row "/relay/ws echo: server CPU µs/echo (32 conns)" echo_cpu lower
-	row "/relay/ws echoes/s (32 conns)" echo_rate higher
-	row "RSS MiB per 1,000 idle /relay/ws" idle_mib lower
-	echo
-	echo "notes:"
-	echo "- server CPU = utime+stime from /proc of every server process (nginx master + worker) over"
-	echo "  the measured window; ${DUR} s per figure after ${WARM} s warm-up; RSS = VmRSS increase after"
-	echo "  $IDLE_CONNS authenticated idle WebSockets and $SETTLE settling."
-	echo "- HTTP figures: wrk -t1 over HTTP/1.1 keep-alive (100-byte /api/small with $GET_CONNS conns;"
-	echo "  /api/big with 1 conn). Handshakes and WebSockets: bench/loadgen, X25519 only, no session"
-	echo "  resumption, pin checked in VerifyConnection; $HS_LOOPS handshake loops."
-	echo "- /relay/ws: front = message-level bridge to the upstream /ws; nginx = byte-level"
-	echo "  WebSocket proxy to the same /ws. Both do the Relay auth exchange first."
-	echo "- nginx: worker_processes 1, TLSv1.2+1.3, ssl_ecdh_curve X25519:prime256v1, upstream"
-	echo "  keepalive 64, proxy_buffering off + proxy_buffer_size 32k on /api/ (the front streams"
-	echo "  with 32 KiB buffers), default buffers on /relay/ws, keepalive_requests raised, access_log off."
-	echo "- server core busy during the rate figures (below ~95%: the client core was the limit,"
-	echo "  so compare the CPU-per-operation rows):"
-	busy_line "small GET" get_rps get_cpu
-	busy_line "download" dl_mbs dl_cpu 0.953674
-	busy_line "handshakes" hs_rate hs_cpu
-	busy_line "echo x$ECHO_CONNS" echo_rate echo_cpu
-	echo "- ratio = front/nginx in this run. The machine may be shared: rates swing between runs,"
-	echo "  CPU per operation is the steadier comparison."
-	[[ -n $PPROF_NOTE ]] && printf -- '- %s\n' "$PPROF_NOTE"
+	echo "binary:   securelink $FRONT_V ($FRONT_BIN${PPROF_BUILD:+, unstripped build for perf})"
+	if ((${#SERVERS[@]} == 0)); then
+		echo "cpu:      $CPU_MODEL, $NCPU cores"
+	else
+		echo "nginx:    $NGINX_V ($NGINX_SSL), wrk: $(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
+		echo "cpu:      $CPU_MODEL, $NCPU cores; server on core $SERVER_CPU, load generator + upstream on core $LOAD_CPU"
+		for s in "${SERVERS[@]}"; do
+			[[ -n ${R[hs_tls.$s]:-} ]] && echo "tls:      $s negotiated ${R[hs_tls.$s]} with the Go client (P-256 ECDSA key)"
+		done
+		echo
+		printf '%-44s %10s %10s %11s   %s\n' "figure" "front" "nginx" "front/nginx" "better"
+		row "small GET: server CPU µs/request (32 conns)" get_cpu lower
+		row "small GET: requests/s" get_rps higher
+		row "8 MiB download: MB/s (1 conn)" dl_mbs higher
+		row "8 MiB download: server CPU µs/MiB" dl_cpu lower
+		row "new TLS handshakes/s (ECDSA P-256, X25519)" hs_rate higher
+		row "TLS handshake: server CPU µs each" hs_cpu lower
+		row "/relay/ws 1 KiB echo p50 µs (1 conn)" echo_p50 lower
+		row "/relay/ws 1 KiB echo p99 µs (1 conn)" echo_p99 lower
+		row "/relay/ws echo: server CPU µs/echo (32 conns)" echo_cpu lower
+		row "/relay/ws echoes/s (32 conns)" echo_rate higher
+		row "RSS MiB per 1,000 idle /relay/ws" idle_mib lower
+		echo
+		echo "notes:"
+		echo "- server CPU = utime+stime from /proc of every server process (nginx master + worker) over"
+		echo "  the measured window; ${DUR} s per figure after ${WARM} s warm-up; RSS = VmRSS increase after"
+		echo "  $IDLE_CONNS authenticated idle WebSockets and $SETTLE settling."
+		echo "- HTTP figures: wrk -t1 over HTTP/1.1 keep-alive (100-byte /api/small with $GET_CONNS conns;"
+		echo "  /api/big with 1 conn). Handshakes and WebSockets: bench/loadgen, X25519 only, no session"
+		echo "  resumption, pin checked in VerifyConnection; $HS_LOOPS handshake loops."
+		echo "- /relay/ws: front = message-level bridge to the upstream /ws; nginx = byte-level"
+		echo "  WebSocket proxy to the same /ws. Both do the Relay auth exchange first."
+		echo "- nginx: worker_processes 1, TLSv1.2+1.3, ssl_ecdh_curve X25519:prime256v1, upstream"
+		echo "  keepalive 64, proxy_buffering off + proxy_buffer_size 32k on /api/ (the front streams"
+		echo "  with 32 KiB buffers), default buffers on /relay/ws, keepalive_requests raised, access_log off."
+		echo "- server core busy during the rate figures (below ~95%: the client core was the limit,"
+		echo "  so compare the CPU-per-operation rows):"
+		busy_line "small GET" get_rps get_cpu
+		busy_line "download" dl_mbs dl_cpu 0.953674
+		busy_line "handshakes" hs_rate hs_cpu
+		busy_line "echo x$ECHO_CONNS" echo_rate echo_cpu
+		echo "- ratio = front/nginx in this run. The machine may be shared: rates swing between runs,"
+		echo "  CPU per operation is the steadier comparison."
+		[[ -n $PPROF_NOTE ]] && printf -- '- %s\n' "$PPROF_NOTE"
+	fi
+	if ((REACH)); then
+		echo
+		reach_table
+	fi
 	if [[ $FAILED == 1 ]]; then
 		echo "- SOME FIGURES FAILED (see the [bench] lines on stderr and bench/results/logs/)."
 	fi

@@ -69,6 +69,12 @@ func main() {
 		err = cmdEcho(os.Args[2:])
 	case "idle":
 		err = cmdIdle(os.Args[2:])
+	case "xfer":
+		err = cmdXfer(os.Args[2:])
+	case "reach-route":
+		err = cmdReachRoute(os.Args[2:])
+	case "reach-idle":
+		err = cmdReachIdle(os.Args[2:])
 	default:
 		usage()
 	}
@@ -80,14 +86,21 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, `usage: loadgen <command> [flags]
-  upstream   -listen ADDR            fake Relay/API upstream: /small /big /health /ws
+  upstream   -listen ADDR            fake Relay/API upstream: /small /big /sink /health /ws
   proc       -pids P[,P]             print cpu_us and rss_kib of the processes and descendants
   freeports  -n N                    print N free loopback TCP ports
   waitport   -addr ADDR -timeout D   wait until ADDR accepts TCP
   get        -url HTTPS -pin PIN     one pinned GET: print status and body length
   handshakes -addr ADDR -pin PIN     fresh TLS handshakes per second
   echo       -url WSS -pin PIN       WebSocket echo round trips
-  idle       -url WSS -pin PIN       RSS increase for idle WebSockets`)
+  idle       -url WSS -pin PIN       RSS increase for idle WebSockets
+  xfer       -mode download|upload -addr ADDR -pin PIN [-reach CRED -ca-file PEM]
+                                     single-stream MB/s, direct or through a broker
+  reach-route -admin SOCK -addr ADDR -pin PIN -ca-file PEM -out CRED
+                                     bootstrap -> /relay/ws via broker -> route credential
+  reach-idle -broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER
+                                     broker RSS per idle host and per idle stream
+  (echo also takes -reach CRED -ca-file PEM: the WebSocket goes through the broker)`)
 	os.Exit(2)
 }
 
@@ -149,9 +162,47 @@ func upstreamHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"status":"ok","auth_required":true}`)
 	})
+	mux.HandleFunc("/sink", serveSink)
 	mux.HandleFunc("/ws", serveRelayWS)
 	return mux
 }
+
+// maxSinkBody bounds one upload; the front allows 16 MiB per request.
+const maxSinkBody = 64 << 20
+
+// serveSink is the upload figure's target: it reads the body to the end
+// (bounded) and answers with the byte count, so the client can check that
+// every byte it sent arrived.
+func serveSink(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost && r.Method != http.MethodPut {
+		w.Header().Set("Allow", "POST, PUT")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	buf := sinkBufs.Get().(*[]byte)
+	defer sinkBufs.Put(buf)
+	var n int64
+	body := io.LimitReader(r.Body, maxSinkBody+1)
+	for {
+		m, err := body.Read(*buf)
+		n += int64(m)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			http.Error(w, "read error", http.StatusBadRequest)
+			return
+		}
+	}
+	if n > maxSinkBody {
+		http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	io.WriteString(w, strconv.FormatInt(n, 10))
+}
+
+var sinkBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 // serveRelayWS mimics the Relay's first-frame protocol: the first message must
 // be a system/auth frame, answered with auth.ok (any token is accepted:
@@ -715,9 +766,23 @@ func cmdEcho(args []string) error {
 	dur := fs.Duration("duration", 10*time.Second, "measured window")
 	warm := fs.Duration("warmup", time.Second, "unmeasured warm-up")
 	pids := fs.String("pids", "", "server pids for CPU accounting")
+	credPath := fs.String("reach", "", "credential file: each connection is a broker stream")
+	caFile := fs.String("ca-file", "", "the broker's certificate (with -reach)")
+	watch := fs.String("watch", "", "more processes to report CPU of: name=pid[,name=pid]")
 	fs.Parse(args)
 	if err := wsTarget(*url); err != nil {
 		return err
+	}
+	ws, err := parseWatch(*watch)
+	if err != nil {
+		return err
+	}
+	var viaBroker *frontDialer
+	if *credPath != "" {
+		addr, _, _ := strings.Cut(strings.TrimPrefix(*url, "wss://"), "/")
+		if viaBroker, err = newFrontDialer(addr, *pin, *credPath, *caFile); err != nil {
+			return err
+		}
 	}
 	if *conns < 1 || *conns > maxConns || *size < 1 || *size > maxMessage || *dur <= 0 || *dur > maxDuration || *warm < 0 || *warm > maxDuration {
 		return errors.New("bad -conns/-size/-duration/-warmup")
@@ -739,7 +804,12 @@ func cmdEcho(args []string) error {
 		}
 	}()
 	for i := 0; i < *conns; i++ {
-		c, err := dialWS(ctx, *url, cfg)
+		var c *websocket.Conn
+		if viaBroker != nil {
+			c, err = dialWSVia(ctx, *url, viaBroker.dial)
+		} else {
+			c, err = dialWS(ctx, *url, cfg)
+		}
 		if err != nil {
 			return fmt.Errorf("dial %d: %w", i, err)
 		}
@@ -811,12 +881,16 @@ func cmdEcho(args []string) error {
 		wg.Wait()
 		return err
 	}
+	ws.begin()
+	self0 := selfCPUMicros()
 	counting.Store(true)
 	t0 := time.Now()
 	time.Sleep(*dur)
 	counting.Store(false)
 	secs := time.Since(t0).Seconds()
+	self1 := selfCPUMicros()
 	cpu, cerr := meter.end()
+	watched := fmt.Sprintf(" cpu_self_us=%.0f", self1-self0) + ws.end()
 	n := total.Load()
 	stopping.Store(true)
 	waitBounded(&wg, 5*time.Second)
@@ -837,8 +911,8 @@ func cmdEcho(args []string) error {
 	if e := firstErr.Load(); e != nil {
 		errNote = " error=" + strconv.Quote(e.(string))
 	}
-	fmt.Printf("ops=%d secs=%.2f rate=%.1f p50_us=%.1f p99_us=%.1f cpu_us=%.0f cpu_per_op_us=%.2f%s\n",
-		n, secs, float64(n)/secs, float64(p50)/1e3, float64(p99)/1e3, cpu, cpu/float64(n), errNote)
+	fmt.Printf("ops=%d secs=%.2f rate=%.1f p50_us=%.1f p99_us=%.1f cpu_us=%.0f cpu_per_op_us=%.2f%s%s\n",
+		n, secs, float64(n)/secs, float64(p50)/1e3, float64(p99)/1e3, cpu, cpu/float64(n), watched, errNote)
 	return nil
 }
 

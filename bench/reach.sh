@@ -1,0 +1,348 @@
+# shellcheck shell=bash
+# The Reach figures of `make bench`, sourced by bench/run.sh (which provides
+# WORK, LG, FRONT_BIN, load, log, fail, kv, the R table, PID, BG_PIDS, the
+# ports, DUR/WARM/SETTLE/QUICK and the core numbers).
+#
+# What runs where:
+#   core $SERVER_CPU : the broker (`securelink broker serve`), GOMAXPROCS 1 —
+#                      the process under test;
+#   core $LOAD_CPU   : bench/loadgen (the client), the fake upstream, and the
+#                      front with Reach enabled (`securelink serve`, which is
+#                      front and connector in ONE process).
+# Every piece is started as an operator would: a self-signed certificate for
+# 127.0.0.1, `broker add-host --json`, the broker's YAML, the front's
+# `reach:` block, `securelink status --json` until reach.state is
+# "connected", and a bootstrap from the admin socket turned into a route
+# credential by one /relay/ws connection through the broker.
+
+REACH_DIR=$WORK/reach
+if [[ $QUICK == 1 ]]; then
+	REACH_IDLE_HOSTS=50 REACH_STREAM_HOSTS=16
+else
+	REACH_IDLE_HOSTS=200 REACH_STREAM_HOSTS=64
+fi
+REACH_STREAMS_PER_HOST=16 # the broker's per-host limit
+REACH_ECHO_SIZE=64
+BROKER_URL="wss://127.0.0.1:$BROKER_PORT/v1/connect"
+RFRONT="127.0.0.1:$RFRONT_PORT"
+
+reach_start_broker() {
+	local d=$REACH_DIR
+	# add-host refuses a world-readable place for secrets; keep it private.
+	mkdir -p "$d"
+	chmod 700 "$d"
+	(umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+		-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
+		-keyout "$d/broker.key" -out "$d/broker.crt" 2>/dev/null) || die "openssl could not make the broker certificate"
+	# attempts_per_minute: the idle figure registers a few hundred hosts and
+	# a thousand streams from 127.0.0.1 within seconds; the default (30 per
+	# source and minute) is for the Internet, not for this.
+	cat >"$d/broker.yaml" <<EOF
+listen: "127.0.0.1:$BROKER_PORT"
+tls: {cert_file: "$d/broker.crt", key_file: "$d/broker.key"}
+hosts_file: "$d/hosts.json"
+state_file: "$d/state.json"
+attempts_per_minute: 1048576
+log: {level: warn, format: json}
+EOF
+	log "reach: broker add-host for the front and $REACH_IDLE_HOSTS idle hosts"
+	(umask 077 && "$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json >"$d/front-host.json" 2>>"$WORK/broker-admin.log") ||
+		die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
+	local i
+	(
+		umask 077
+		for ((i = 0; i < REACH_IDLE_HOSTS; i++)); do
+			"$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json || exit 1
+		done >"$d/idle-hosts.jsonl" 2>>"$WORK/broker-admin.log"
+	) || die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
+	log "reach: starting the broker on 127.0.0.1:$BROKER_PORT (core $SERVER_CPU)"
+	taskset -c "$SERVER_CPU" "$FRONT_BIN" broker serve --config "$d/broker.yaml" >"$WORK/broker.out" 2>"$WORK/broker.log" &
+	PID[broker]=$!
+	BG_PIDS+=(${PID[broker]})
+	for i in $(seq 1 300); do
+		grep -q '^broker listening ' "$WORK/broker.out" 2>/dev/null && break
+		kill -0 "${PID[broker]}" 2>/dev/null || break
+		sleep 0.1
+	done
+	grep -q '^broker listening ' "$WORK/broker.out" 2>/dev/null || {
+		tail -n 20 "$WORK/broker.log" >&2 || true
+		die "the broker did not start"
+	}
+}
+
+reach_start_front() {
+	local d=$REACH_DIR host_id
+	host_id=$(jq -r .host_id "$d/front-host.json")
+	(umask 077 && jq -r .host_token "$d/front-host.json" >"$d/host.token")
+	cat >"$d/front.yaml" <<EOF
+listen: "$RFRONT"
+advertise: "127.0.0.1"
+state_dir: "$d/state"
+upstreams:
+  relay: "http://127.0.0.1:$UP_PORT"
+  api: "http://127.0.0.1:$UP_PORT"
+  dashboard: "http://127.0.0.1:$UP_PORT"
+reach:
+  enabled: true
+  broker_url: "$BROKER_URL"
+  host_id: "$host_id"
+  host_token_file: "$d/host.token"
+  ca_file: "$d/broker.crt"
+log: {level: warn, format: json}
+EOF
+	log "reach: starting the front with Reach on $RFRONT (front + connector, core $LOAD_CPU)"
+	taskset -c "$LOAD_CPU" "$FRONT_BIN" serve --config "$d/front.yaml" >"$WORK/reach-front.out" 2>"$WORK/reach-front.log" &
+	PID[rfront]=$!
+	BG_PIDS+=(${PID[rfront]})
+	local i line="" state=""
+	for i in $(seq 1 300); do
+		line=$(grep -m1 '^listening ' "$WORK/reach-front.out" 2>/dev/null || true)
+		[[ -n $line ]] && break
+		kill -0 "${PID[rfront]}" 2>/dev/null || break
+		sleep 0.1
+	done
+	[[ -n $line ]] || {
+		tail -n 20 "$WORK/reach-front.log" >&2 || true
+		die "the Reach front did not print its listening line within 30 s"
+	}
+	PIN[rfront]=$(awk '{print $6}' <<<"$line")
+	for i in $(seq 1 300); do
+		state=$("$FRONT_BIN" status --json --config "$d/front.yaml" 2>/dev/null | jq -r '.reach.state // empty' || true)
+		[[ $state == connected ]] && break
+		sleep 0.1
+	done
+	[[ $state == connected ]] || {
+		"$FRONT_BIN" status --json --config "$d/front.yaml" 2>&1 | jq -c .reach >&2 || true
+		die "the front's connector never reached reach.state connected (last: ${state:-none})"
+	}
+	log "reach: connector connected ($line)"
+	# One bootstrap serves exactly one stream; the figures need several, so
+	# trade it for the route credential a phone gets in its first auth.ok.
+	local out
+	out=$(load "$LG" reach-route -admin "$d/state/admin.sock" -addr "$RFRONT" -pin "${PIN[rfront]}" \
+		-ca-file "$d/broker.crt" -out "$d/route.json") || die "could not obtain a route credential through the broker"
+	log "reach: $out"
+}
+
+# reach_figure NAME ARGS...: loadgen on the load core; prints its line. It
+# runs in a command substitution, so the caller records a failure (fail).
+reach_figure() {
+	local name=$1 out
+	shift
+	if out=$(load "$LG" "$@" 2>>"$WORK/reach-loadgen.log"); then
+		log "reach $name: $out"
+		printf '%s\n' "$out"
+	else
+		tail -n 3 "$WORK/reach-loadgen.log" >&2 || true
+		return 1
+	fi
+}
+
+# Shares of each core during a window: broker on the server core; front,
+# upstream and loadgen on the load core.
+reach_busy() { # KEY OUT
+	local k=$1 out=$2 secs
+	secs=$(kv secs "$out")
+	R[busy_broker.$k]=$(awk -v c="$(kv cpu_us "$out")" -v s="$secs" 'BEGIN{printf "%.0f", c/s/1e4}')
+	R[busy_load.$k]=$(awk -v a="$(kv cpu_front_us "$out")" -v b="$(kv cpu_upstream_us "$out")" -v c="$(kv cpu_self_us "$out")" -v s="$secs" \
+		'BEGIN{printf "%.0f%% (front %.0f%%, upstream %.0f%%, client %.0f%%)", (a+b+c)/s/1e4, a/s/1e4, b/s/1e4, c/s/1e4}')
+}
+
+reach_xfer() { # MODE VIA
+	local mode=$1 via=$2 out args=()
+	args=(xfer -mode "$mode" -addr "$RFRONT" -pin "${PIN[rfront]}" -duration "${DUR}s" -warmup "${WARM}s"
+		-pids "${PID[broker]}" -watch "front=${PID[rfront]},upstream=$UP_PID")
+	[[ $via == broker ]] && args+=(-reach "$REACH_DIR/route.json" -ca-file "$REACH_DIR/broker.crt")
+	out=$(reach_figure "$mode $via" "${args[@]}") || {
+		fail "reach $mode $via failed (see $RESULTS/logs/reach-loadgen.log)"
+		return 0
+	}
+	R[${mode}_mbs.$via]=$(printf '%.0f' "$(kv mbs "$out")")
+	R[${mode}_cut.$via]=$(kv cut "$out")
+	R[${mode}_err.$via]=$(sed -n 's/.* error=//p' <<<"$out")
+	R[${mode}_n.$via]=$(kv transfers "$out")
+	if [[ $via == broker ]]; then
+		R[${mode}_cpugb]=$(printf '%.2f' "$(kv cpu_s_per_gb "$out")")
+		(($(kv dials "$out") == 1)) || fail "reach $mode: $(kv dials "$out") broker streams, want exactly 1"
+	fi
+	reach_busy "$mode.$via" "$out"
+	[[ $(kv cut "$out") == 0 ]] || fail "reach $mode $via: the stream was cut: ${R[${mode}_err.$via]}"
+}
+
+reach_echo() { # VIA
+	local via=$1 out args=()
+	args=(echo -url "wss://$RFRONT/relay/ws" -pin "${PIN[rfront]}" -conns 1 -size "$REACH_ECHO_SIZE"
+		-duration "${DUR}s" -warmup "${WARM}s" -pids "${PID[broker]}" -watch "front=${PID[rfront]},upstream=$UP_PID")
+	[[ $via == broker ]] && args+=(-reach "$REACH_DIR/route.json" -ca-file "$REACH_DIR/broker.crt")
+	out=$(reach_figure "echo $via" "${args[@]}") || {
+		fail "reach echo $via failed (see $RESULTS/logs/reach-loadgen.log)"
+		return 0
+	}
+	R[rtt_p50.$via]=$(printf '%.0f' "$(kv p50_us "$out")")
+	R[rtt_p99.$via]=$(printf '%.0f' "$(kv p99_us "$out")")
+	[[ $via == broker ]] && R[rtt_cpu]=$(printf '%.1f' "$(kv cpu_per_op_us "$out")")
+	reach_busy "echo.$via" "$out"
+}
+
+reach_idle() {
+	local out
+	out=$(reach_figure idle reach-idle -broker-url "$BROKER_URL" -ca-file "$REACH_DIR/broker.crt" \
+		-hosts "$REACH_DIR/idle-hosts.jsonl" -hosts-n "$REACH_IDLE_HOSTS" -stream-hosts "$REACH_STREAM_HOSTS" \
+		-streams-per-host "$REACH_STREAMS_PER_HOST" -settle "$SETTLE" -pids "${PID[broker]}") || {
+		fail "reach idle hosts/streams failed (see $RESULTS/logs/reach-loadgen.log)"
+		return 0
+	}
+	R[idle_host_kib]=$(printf '%.1f' "$(kv kib_per_host "$out")")
+	R[idle_stream_kib]=$(printf '%.1f' "$(kv kib_per_stream "$out")")
+	R[idle_streams]=$(kv streams "$out")
+	R[idle_hosts]=$(kv hosts "$out")
+}
+
+# BENCH_PPROF=1: perf of the broker and of the front+connector during one
+# extra download and one extra upload through the broker.
+REACH_PPROF_NOTE="" REACH_PPROF_GROUPS=""
+
+# reach_perf_groups DATA: inclusive CPU share of the places the time goes,
+# one "label pct" per line (symbols from Go 1.26 and coder/websocket).
+reach_perf_groups() {
+	perf report -i "$1" --stdio --children --sort symbol -g none --percent-limit 0.3 2>/dev/null | awk '
+		BEGIN {
+			want["io.ReadAll"] = "io.ReadAll: reading messages (incl. TLS decrypt, read(2))"
+			want["runtime.growslice"] = "runtime.growslice (io.ReadAll growing a fresh slice)"
+			want["runtime.mallocgc"] = "runtime.mallocgc (allocation)"
+			want["runtime.gcAssistAlloc"] = "runtime.gcAssistAlloc (GC work charged to allocations)"
+			want["runtime.gcBgMarkWorker"] = "runtime.gcBgMarkWorker (background GC)"
+			want["crypto/tls.(*halfConn).encrypt"] = "TLS encrypt"
+			want["crypto/tls.(*halfConn).decrypt"] = "TLS decrypt"
+			want["github.com/coder/websocket.maskGo"] = "WebSocket masking"
+			want["ksys_read"] = "read(2)"
+			want["ksys_write"] = "write(2)"
+			want["finish_task_switch.isra.0"] = "context switches (finish_task_switch)"
+		}
+		$1 ~ /%$/ && ($4 in want) { printf "%-58s %s\n", want[$4], $1 }'
+}
+reach_profile() {
+	[[ $PPROF == 1 ]] || return 0
+	local mode who data txt notes=()
+	for mode in download upload; do
+		log "reach: profiling broker and front during an extra $mode through the broker (${DUR}s)"
+		local pp=()
+		for who in broker rfront; do
+			data="$RESULTS/reach-$mode-$who.perf.data"
+			load perf record -q -F 999 -g -p "${PID[$who]}" -o "$data" -- sleep "$((DUR + WARM))" 2>>"$WORK/perf.log" &
+			pp+=($!)
+		done
+		load "$LG" xfer -mode "$mode" -addr "$RFRONT" -pin "${PIN[rfront]}" -duration "${DUR}s" -warmup "${WARM}s" \
+			-reach "$REACH_DIR/route.json" -ca-file "$REACH_DIR/broker.crt" >/dev/null 2>>"$WORK/reach-loadgen.log" || true
+		wait "${pp[@]}" || true
+		for who in broker rfront; do
+			data="$RESULTS/reach-$mode-$who.perf.data" txt="$RESULTS/reach-$mode-$who.perf.txt"
+			[[ -s $data ]] || continue
+			{
+				echo "== $who, $mode through the broker: where the time goes (inclusive)"
+				reach_perf_groups "$data"
+				echo
+				echo "== $who, $mode through the broker: self CPU by symbol"
+				perf report -i "$data" --stdio --no-children --sort symbol -g none --percent-limit 0.7 2>/dev/null | sed -E '/^#/d; /^$/d; s/[[:space:]]+-[[:space:]]+-[[:space:]]*$//'
+			} >"$txt" || true
+			notes+=("$txt")
+			if [[ $who == broker ]]; then
+				REACH_PPROF_GROUPS+=$'\n'"  broker, $mode (inclusive share of broker CPU):"$'\n'"$(reach_perf_groups "$data" | sed 's/^/    /')"
+			fi
+		done
+	done
+	if ((${#notes[@]})); then
+		REACH_PPROF_NOTE="perf profiles (BENCH_PPROF=1): ${notes[*]}$REACH_PPROF_GROUPS"
+	else
+		REACH_PPROF_NOTE="BENCH_PPROF=1: perf recorded nothing (see $RESULTS/logs/perf.log)"
+	fi
+}
+
+reach_run() {
+	[[ -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
+	reach_start_broker
+	reach_start_front
+	# Idle memory first, on a fresh broker (as for the front's idle figure).
+	log "reach: idle hosts and streams"
+	reach_idle
+	sleep 1
+	local mode via
+	for mode in download upload; do
+		for via in broker direct; do
+			log "reach: $mode $via"
+			reach_xfer "$mode" "$via"
+		done
+	done
+	for via in broker direct; do
+		log "reach: echo $via"
+		reach_echo "$via"
+	done
+	if command -v perf >/dev/null; then
+		reach_profile
+	elif [[ $PPROF == 1 ]]; then
+		REACH_PPROF_NOTE="BENCH_PPROF=1 asked, but perf is not installed: no profile taken"
+	fi
+}
+
+# ------------------------------------------------------------------ table
+
+reach_ratio() {
+	awk -v a="$1" -v b="$2" 'BEGIN{ if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b+0 == 0) print "-"; else printf "%.2fx", a/b }'
+}
+reach_pad() { local b c; b=$(printf %s "$1" | LC_ALL=C wc -c); c=$(printf %s "$1" | LC_ALL=C.UTF-8 wc -m); echo $((46 + b - c)); }
+reach_row() { # LABEL BROKER DIRECT TARGET
+	printf "%-$(reach_pad "$1")s %9s %9s %13s   %s\n" "$1" "${2:--}" "${3:--}" "$(reach_ratio "${2:-}" "${3:-}")" "$4"
+}
+reach_ceiling() { awk -v c="$1" 'BEGIN{ if (c !~ /^[0-9.]+$/ || c+0 == 0) print ""; else printf "%.0f", 1000/c }'; }
+reach_verdict() { # VALUE OP LIMIT -> "met" / "missed by X"
+	awk -v v="$1" -v op="$2" -v l="$3" 'BEGIN{
+		if (v !~ /^[0-9.]+$/) { print "not measured"; exit }
+		if (op == ">=") { if (v+0 >= l+0) print "met"; else printf "MISSED (%.0f%% of target)", 100*v/l }
+		else            { if (v+0 <= l+0) print "met"; else printf "MISSED (%.1fx the limit)", v/l } }'
+}
+
+reach_table() {
+	local dl=${R[download_mbs.broker]:-} ul=${R[upload_mbs.broker]:-} p50=${R[rtt_p50.broker]:-} kib=${R[idle_stream_kib]:-}
+	local cut="-"
+	[[ -n ${R[upload_cut.broker]:-} ]] && cut=$([[ ${R[upload_cut.broker]} == 0 ]] && echo "none" || echo "CUT")
+	echo "Reach: client <-> broker <-> connector <-> front, inner pinned TLS (1 stream), vs direct TLS to the same front"
+	echo "layout:   core $SERVER_CPU: broker (securelink broker serve, GOMAXPROCS 1);"
+	echo "          core $LOAD_CPU: loadgen client + fake upstream + front with Reach (front and connector are ONE"
+	echo "          process, securelink serve). The broker is what is measured; the load core also carries"
+	echo "          both ends of the inner TLS and the outer wss:// of connector and client."
+	echo
+	printf '%-46s %9s %9s %13s   %s\n' "figure" "broker" "direct" "broker/direct" "target (broker)"
+	reach_row "download MB/s, 1 stream (8 MiB GETs)" "$dl" "${R[download_mbs.direct]:-}" "≥ 500: $(reach_verdict "$dl" ">=" 500)"
+	reach_row "upload MB/s, 1 stream (8 MiB POSTs)" "$ul" "${R[upload_mbs.direct]:-}" "≥ 500: $(reach_verdict "$ul" ">=" 500)"
+	reach_row "/relay/ws 64 B echo p50 µs (1 conn)" "$p50" "${R[rtt_p50.direct]:-}" "≤ 300: $(reach_verdict "$p50" "<=" 300)"
+	reach_row "/relay/ws 64 B echo p99 µs (1 conn)" "${R[rtt_p99.broker]:-}" "${R[rtt_p99.direct]:-}" ""
+	reach_row "broker CPU s/GB, download" "${R[download_cpugb]:-}" "" "≤ 2.0 for 500 MB/s on one core"
+	reach_row "broker CPU s/GB, upload" "${R[upload_cpugb]:-}" "" "≤ 2.0 for 500 MB/s on one core"
+	reach_row "broker-bound ceiling MB/s, download" "$(reach_ceiling "${R[download_cpugb]:-}")" "" "1 core / broker CPU per byte"
+	reach_row "broker-bound ceiling MB/s, upload" "$(reach_ceiling "${R[upload_cpugb]:-}")" "" ""
+	reach_row "broker CPU µs per 64 B echo" "${R[rtt_cpu]:-}" "" ""
+	reach_row "broker RSS KiB per idle host" "${R[idle_host_kib]:-}" "" ""
+	reach_row "broker RSS KiB per idle stream" "$kib" "" "≤ 64: $(reach_verdict "$kib" "<=" 64)"
+	reach_row "uploading stream cut" "$cut" "" "none: $([[ $cut == none ]] && echo met || echo "${cut/-/not measured}")"
+	echo
+	echo "notes:"
+	echo "- MB/s = 10^6 bytes/s over ${DUR} s after ${WARM} s warm-up, on ONE connection (one broker stream:"
+	echo "  route credential from the front's auth.ok handoff); download counts body bytes read, upload"
+	echo "  counts bytes the upstream sink confirmed. Transfers in the window: download ${R[download_n.broker]:--}"
+	echo "  via broker / ${R[download_n.direct]:--} direct, upload ${R[upload_n.broker]:--} / ${R[upload_n.direct]:--}."
+	echo "- broker CPU = utime+stime of the broker process only (/proc), per 10^9 bytes moved."
+	echo "- idle: ${R[idle_hosts]:--} host registrations (real connectors, the package securelink serve runs,"
+	echo "  started from loadgen), then ${R[idle_streams]:--} client streams on $REACH_STREAM_HOSTS of them ($REACH_STREAMS_PER_HOST each, the"
+	echo "  per-host limit), each with its own bootstrap; VmRSS increase of the broker after $SETTLE."
+	echo "  The broker config raises attempts_per_minute (default 30 per source) for this figure."
+	echo "- core busy during the windows (broker core | load core):"
+	local k
+	for k in download.broker download.direct upload.broker upload.direct echo.broker echo.direct; do
+		[[ -n ${R[busy_broker.$k]:-} ]] || continue
+		printf '  %-16s broker %3s%% | load %s\n' "$k" "${R[busy_broker.$k]}" "${R[busy_load.$k]}"
+	done
+	echo "- for scale: the Python reference broker + connector measured 51 MB/s download, 112 MB/s"
+	echo "  upload and 785 µs RTT p50 on this machine class, without inner TLS."
+	[[ -n $REACH_PPROF_NOTE ]] && printf -- '- %s\n' "$REACH_PPROF_NOTE"
+	true
+}

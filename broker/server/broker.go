@@ -322,7 +322,7 @@ func (b *Broker) registerHost(ctx context.Context, c MessageConn, reg wire.Regis
 	if old != nil {
 		b.count("host:replaced")
 		old.log.Info().Msg("host registration replaced by a newer one")
-		b.endHostLocked(old, hostEnd{code: wire.CloseNormal, reason: wire.CloseReasonReplaced, cancel: true})
+		b.endHostLocked(old, hostEnd{code: wire.CloseNormal, reason: wire.CloseReasonReplaced})
 	}
 	b.hosts[reg.HostID] = h
 	delete(b.pending, c)
@@ -590,7 +590,7 @@ func (b *Broker) ReloadHosts() error {
 		if d, ok := hosts[id]; !ok || !d.Equal(h.tokenDigest) {
 			revoked++
 			b.count("host:revoked")
-			b.endHostLocked(h, hostEnd{code: wire.ClosePolicy, reason: wire.CloseReasonRevoked, errMsg: wire.CodeRevoked, cancel: true})
+			b.endHostLocked(h, hostEnd{code: wire.ClosePolicy, reason: wire.CloseReasonRevoked, errMsg: wire.CodeRevoked})
 		}
 	}
 	dropped := b.state.RetainHosts(hosts)

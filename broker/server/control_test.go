@@ -1,12 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -204,6 +206,66 @@ func TestNewestHostRegistrationWins(t *testing.T) {
 	}
 	if st := e.b.Stats(); st.HostsOnline != 1 || st.Counts["host:replaced"] != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A replaced or revoked host gets its close reason even while the broker is
+// in the middle of a write to it: the WebSocket transport cuts the whole
+// socket when a write's context ends, and the connector picks its back-off
+// (60 s for replaced, 10 min for revoked) from that reason.
+func TestHostEndReasonSurvivesAWriteInFlight(t *testing.T) {
+	cases := map[string]struct {
+		end    func(e *env)
+		errMsg wire.Code
+		code   int
+		reason string
+	}{
+		"replaced": {
+			end:  func(e *env) { e.host(0) },
+			code: wire.CloseNormal, reason: wire.CloseReasonReplaced,
+		},
+		"revoked": {
+			end: func(e *env) {
+				if err := store.RemoveHost(e.cfg.HostsFile, e.hosts[0].id.String()); err != nil {
+					e.t.Fatal(err)
+				}
+				if err := e.b.ReloadHosts(); err != nil {
+					e.t.Fatal(err)
+				}
+			},
+			errMsg: wire.CodeRevoked, code: wire.ClosePolicy, reason: wire.CloseReasonRevoked,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			e.pipeN = 1
+			old := e.host(0)
+			old.peer.cutOnCancel.Store(true)
+			tok := wire.NewToken()
+			e.publishRoute(old, "r", tok)
+			c, id := e.client(old, 0, wire.KindRoute, tok)
+			sendBinary(t, c, []byte("first"))
+			sendBinary(t, c, []byte("second"))
+			// "first" fills the host's one-message buffer, so the write of
+			// "second" waits until the host reads.
+			waitFor(t, "a write to the host in flight", func() bool { return old.peer.waiting.Load() == 1 })
+			tc.end(e)
+			for _, want := range []string{"first", "second"} {
+				if got := readBinary(t, old); !bytes.Equal(got, dataFrame(id, []byte(want))) {
+					t.Fatalf("old host got %x", got)
+				}
+			}
+			if tc.errMsg != "" {
+				expectMsg(t, old, wire.ErrorMsg{Code: tc.errMsg})
+			}
+			if code, reason := expectClose(t, old); code != tc.code || reason != tc.reason {
+				t.Fatalf("old host closed %d %q, want %d %q", code, reason, tc.code, tc.reason)
+			}
+			if code, _ := expectClose(t, c); code != wire.CloseGoingAway {
+				t.Fatalf("its client closed %d", code)
+			}
+		})
 	}
 }
 

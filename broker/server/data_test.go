@@ -2,7 +2,9 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +34,48 @@ func newStreamEnv(t *testing.T, mutate func(*Config)) *streamEnv {
 func (se *streamEnv) open() (*pipeConn, wire.ID) {
 	se.t.Helper()
 	return se.client(se.host, 0, wire.KindRoute, se.token)
+}
+
+// The host may answer CLOSE (after some DATA) before the broker has written
+// `matched`: the client still gets `matched` first, then the host's bytes,
+// then 1000.
+func TestMatchedPrecedesAnImmediateHostClose(t *testing.T) {
+	se := newStreamEnv(t, nil)
+	// Hold the client's session between matching and relaying (the broker
+	// raises the read limit to a client frame there) until the stream ended.
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release) // runs before the broker's cleanup
+	c, brokerEnd := newPipe(se.pipeN, "127.0.0.1:1")
+	brokerEnd.limitHook = func(n int64) {
+		if n == wire.MaxClientFrame+1 {
+			<-gate
+		}
+	}
+	se.served.Add(1)
+	go func() {
+		defer se.served.Done()
+		se.b.Serve(context.Background(), brokerEnd)
+	}()
+	se.register(c, wire.RoleClient, se.hosts[0].id, wire.KindRoute, se.token, wire.NewID())
+	open, ok := readMsg(t, se.host).(wire.Open)
+	if !ok {
+		t.Fatal("host did not get open")
+	}
+	sendBinary(t, se.host, dataFrame(open.StreamID, []byte("bye")))
+	sendBinary(t, se.host, closeFrame(open.StreamID))
+	waitFor(t, "the host's CLOSE to end the stream", func() bool {
+		return se.b.Stats().Counts["stream:host_close"] == 1
+	})
+	release()
+	expectMsg(t, c, wire.Matched{StreamID: open.StreamID})
+	if got := readBinary(t, c); string(got) != "bye" {
+		t.Fatalf("client got %q", got)
+	}
+	if code, _ := expectClose(t, c); code != wire.CloseNormal {
+		t.Fatalf("client closed %d, want 1000", code)
+	}
 }
 
 func TestDataRelayBothWays(t *testing.T) {

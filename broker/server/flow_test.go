@@ -201,21 +201,26 @@ func TestHostBoundDataIsRoundRobin(t *testing.T) {
 	se.publishRoute(se.host, "r2", se.token2())
 	bulk, bulkID := se.client(se.host, 0, wire.KindRoute, se.tok2)
 	small, smallID := se.client(se.host, 0, wire.KindRoute, se.tok2)
-	for i := 0; i < 20; i++ {
+	const bulkN, bulkFrame = 20, 1000 + wire.HeaderLen
+	for i := 0; i < bulkN; i++ {
 		sendBinary(t, bulk, bytes.Repeat([]byte("b"), 1000))
 	}
-	waitFor(t, "the bulk stream to queue", func() bool { return se.b.budget.inUse() > 10*1000 })
+	// The host reads nothing yet, so once its two-message buffer is full
+	// the broker's writer cannot finish another write, and the budget
+	// (queued frames plus the one being written) can only grow: each
+	// state waited for below holds until the test reads.
+	waitFor(t, "the bulk stream to queue behind the full host socket", func() bool {
+		return len(se.host.in) == cap(se.host.in) && se.b.budget.inUse() == (bulkN-2)*bulkFrame
+	})
 	sendBinary(t, small, []byte("small"))
 	waitFor(t, "the small message to queue", func() bool {
-		se.b.mu.Lock()
-		defer se.b.mu.Unlock()
-		h := se.b.hosts[se.hosts[0].id]
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return len(h.streams[smallID].up) == 1
+		return se.b.budget.inUse() == int64((bulkN-2)*bulkFrame+len("small")+wire.HeaderLen)
 	})
+	// Two bulk frames sit in the host's buffer and one more may be in the
+	// writer's hands; round-robin then sends at most one more bulk frame
+	// before the small one's turn (FIFO would send all 20 first).
 	pos := -1
-	for i := 0; i < 21; i++ {
+	for i := 0; i <= bulkN; i++ {
 		f, _ := wire.ParseFrame(readBinary(t, se.host))
 		if f.StreamID == smallID {
 			pos = i

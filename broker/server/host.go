@@ -58,8 +58,12 @@ type hostEnd struct {
 	// (broker shutdown); closeFrames holds them once decided.
 	closeStreams bool
 	closeFrames  [][]byte
-	// cancel cuts a write in progress: the socket is replaced, revoked or
-	// dead, so finishing a large frame is pointless.
+	// cancel cuts a write in progress: the peer is dead or the socket
+	// already broken, so finishing a large frame is pointless. Never for
+	// `replaced` or `revoked`: the WebSocket transport cuts the whole
+	// socket when a write's context ends (even a write whose bytes have
+	// all left), and the connector needs that close reason to pick its
+	// back-off; the write in progress is bounded by WriteTimeout anyway.
 	cancel bool
 }
 

@@ -22,7 +22,17 @@ type pipeConn struct {
 	limit  atomic.Int64
 	seq    atomic.Uint64
 	noPong atomic.Bool // test knob: this end ignores pings
-	remote string
+	// cutOnCancel is a test knob: like github.com/coder/websocket, a write
+	// whose context ends while it waits cuts the socket (the peer sees
+	// 1006, not the close frame the broker meant to send).
+	cutOnCancel atomic.Bool
+	// waiting counts Write calls blocked on the peer's full buffer, so a
+	// test can know a write is in flight.
+	waiting atomic.Int32
+	// limitHook, when set before Serve starts, runs at every SetReadLimit:
+	// a test can hold the broker at that point of a session.
+	limitHook func(n int64)
+	remote    string
 
 	mu    sync.Mutex
 	pongs map[uint64]chan struct{}
@@ -110,12 +120,26 @@ func (p *pipeConn) Write(ctx context.Context, typ MessageType, data []byte) erro
 	select {
 	case p.peer.in <- m:
 		return nil
+	default:
+	}
+	p.waiting.Add(1)
+	defer p.waiting.Add(-1)
+	select {
+	case p.peer.in <- m:
+		return nil
 	case <-p.sh.gone:
 		return net.ErrClosed
 	case <-ctx.Done():
+		if p.cutOnCancel.Load() {
+			p.Close(closeAbnormal, "")
+		}
 		return ctx.Err()
 	}
 }
+
+// closeAbnormal is what a peer sees when the socket is cut without a close
+// frame (RFC 6455 1006).
+const closeAbnormal = 1006
 
 func (p *pipeConn) Ping(ctx context.Context) error {
 	id := p.seq.Add(1)
@@ -153,5 +177,11 @@ func (p *pipeConn) Close(code int, reason string) error {
 	return nil
 }
 
-func (p *pipeConn) SetReadLimit(n int64) { p.limit.Store(n) }
-func (p *pipeConn) RemoteAddr() string   { return p.remote }
+func (p *pipeConn) SetReadLimit(n int64) {
+	if p.limitHook != nil {
+		p.limitHook(n)
+	}
+	p.limit.Store(n)
+}
+
+func (p *pipeConn) RemoteAddr() string { return p.remote }

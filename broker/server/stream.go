@@ -86,20 +86,21 @@ func (s *stream) touch() { s.lastActive.Store(time.Now().UnixNano()) }
 // run sends `matched` and relays the stream until it ends.
 func (s *stream) run(ctx context.Context) {
 	b := s.b
-	select {
-	case <-s.done:
-	default:
-		msg, _ := wire.Marshal(wire.Matched{StreamID: s.id})
-		wctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
-		err := s.conn.Write(wctx, Text, msg)
-		cancel()
-		if err != nil {
-			b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
-		}
+	// `matched` goes out even when the stream already ended (the host
+	// answered CLOSE right after `open`, or went away): the client was
+	// matched, and it must see `matched` before the host's bytes and the
+	// close, or it cannot tell a finished stream from a refused one.
+	msg, _ := wire.Marshal(wire.Matched{StreamID: s.id})
+	wctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
+	err := s.conn.Write(wctx, Text, msg)
+	cancel()
+	broken := err != nil
+	if broken {
+		b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
 	}
 	var wg sync.WaitGroup
 	wg.Add(3)
-	go func() { defer wg.Done(); s.writeLoop(ctx) }()
+	go func() { defer wg.Done(); s.writeLoop(ctx, broken) }()
 	go func() {
 		defer wg.Done()
 		b.keepalive(ctx, s.conn, &s.pause, s.done, func() {
@@ -205,9 +206,9 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 // writeLoop is the only goroutine writing to the client after `matched`.
 // Payloads go out in ClientWriteChunk pieces, each with the write deadline;
 // every accepted piece counts as progress for the slow-consumer rule.
-func (s *stream) writeLoop(ctx context.Context) {
+// broken says `matched` could not be written: flushing is pointless then.
+func (s *stream) writeLoop(ctx context.Context, broken bool) {
 	b, h := s.b, s.h
-	broken := false // after a failed write, flushing is pointless
 	for {
 		h.mu.Lock()
 		if s.end != nil && (broken || !s.end.flush || len(s.down) == 0) {

@@ -17,9 +17,11 @@ import (
 	"github.com/hermes-securelink/securelink/proxy/policy"
 )
 
-// forwarder proxies one namespace to its fixed upstream with
-// httputil.ReverseProxy: its Rewrite hook gives us the outgoing request after
-// hop-by-hop removal, it streams both ways, flushes SSE per write and handles
+// forwarder proxies one namespace to its fixed upstream. A request without a
+// body that is not an upgrade takes the direct path (direct.go), which costs
+// a fraction of the CPU; the others go through httputil.ReverseProxy: its
+// Rewrite hook gives us the outgoing request after hop-by-hop removal, it
+// streams a request body while the answer may already arrive, and handles
 // the WebSocket upgrade as a byte-level copy that closes both legs together.
 type forwarder struct {
 	s         *Server
@@ -29,6 +31,8 @@ type forwarder struct {
 	limits    Limits
 	transport *http.Transport
 	rp        *httputil.ReverseProxy
+	pool      *upstreamPool // the direct path's connections (direct.go)
+	basePath  string        // the upstream's escaped path without a trailing slash
 }
 
 // exchange is the per-request state the ReverseProxy hooks share.
@@ -50,6 +54,7 @@ type exchangeKey struct{}
 
 var errResponseTooLarge = errors.New("upstream response larger than the limit")
 
+// bufferPool holds the 32 KiB copy buffers of both paths.
 var bufferPool = &byteBufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
 
 type byteBufferPool struct{ p sync.Pool }
@@ -65,12 +70,14 @@ func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority s
 		DialContext:            dialer.DialContext,
 		MaxIdleConns:           l.MaxUpstreamIdleConns,
 		MaxIdleConnsPerHost:    l.MaxUpstreamIdleConns,
-		IdleConnTimeout:        90 * time.Second,
+		IdleConnTimeout:        l.UpstreamIdleConn,
 		ResponseHeaderTimeout:  l.UpstreamIdleRead,
 		ExpectContinueTimeout:  time.Second,
 		DisableCompression:     true, // Content-Encoding passes untouched
 		MaxResponseHeaderBytes: 64 << 10,
 	}
+	f.pool = newUpstreamPool(dialer, canonicalAddr(upstream), l.UpstreamIdleConn, l.MaxUpstreamIdleConns)
+	f.basePath = strings.TrimSuffix(upstream.EscapedPath(), "/")
 	f.rp = &httputil.ReverseProxy{
 		Rewrite:        f.rewrite,
 		Transport:      f.transport,
@@ -84,14 +91,37 @@ func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority s
 	return f
 }
 
+// close releases the idle upstream connections of both paths and keeps no
+// more in the direct path's pool.
+func (f *forwarder) close() {
+	f.transport.CloseIdleConnections()
+	f.pool.close()
+}
+
+// canonicalAddr is the upstream's host:port, with http's default port when
+// none is given, as http.Transport dials it.
+func canonicalAddr(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
 func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQuery string) {
 	l := f.limits
 	if r.ContentLength > l.MaxRequestBody {
 		plainError(w, http.StatusRequestEntityTooLarge)
 		return
 	}
-	ex := &exchange{clientCtx: r.Context(), start: time.Now(), rawTail: rawTail, rawQuery: rawQuery, clientIP: clientIP(r)}
-	ex.upgrade = policy.IsWebSocketUpgrade(r.Header)
+	upgrade := policy.IsWebSocketUpgrade(r.Header)
+	if r.ContentLength == 0 && !upgrade {
+		// No body to send (ReverseProxy would send none either) and no
+		// upgrade: the direct path.
+		f.direct(w, r, rawTail, rawQuery)
+		return
+	}
+	ex := &exchange{clientCtx: r.Context(), start: time.Now(), rawTail: rawTail, rawQuery: rawQuery, clientIP: clientIP(r), upgrade: upgrade}
 	if !ex.upgrade && r.Header.Get("Upgrade") != "" {
 		// Only WebSocket upgrades pass; anything else (h2c, TLS upgrade) is
 		// an ordinary request.
@@ -107,9 +137,18 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQu
 	if r.Body != nil && r.Body != http.NoBody {
 		ex.body = &limitedBody{rc: r.Body, remaining: l.MaxRequestBody, ctl: http.NewResponseController(w), timeout: l.BodyReadTimeout}
 		r.Body = ex.body
+		// The Transport may still read the body (to its end) while the
+		// answer already streams back. Without full duplex, net/http's
+		// HTTP/1 server drains and closes an unread request body when the
+		// response starts; that read then fails, the Transport closes the
+		// upstream connection and a streamed answer (an event stream to a
+		// POST) is cut after its first event. HTTP/2 is always full duplex.
+		_ = ex.body.ctl.EnableFullDuplex()
 	}
 	if ex.upgrade {
 		w = &upgradeWriter{ResponseWriter: w, s: f.s}
+	} else {
+		w = &infoWriter{ResponseWriter: w, f: f}
 	}
 	ctx = context.WithValue(ctx, exchangeKey{}, ex)
 	f.rp.ServeHTTP(w, r.WithContext(ctx))
@@ -125,7 +164,7 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 	// refused every form that could change meaning upstream.
 	// The base path loses a trailing slash first: "/" + "/x" would be "//x",
 	// which net/http even writes as the absolute-form target "http://x".
-	out.URL.Opaque = strings.TrimSuffix(f.upstream.EscapedPath(), "/") + ex.rawTail
+	out.URL.Opaque = f.basePath + ex.rawTail
 	out.URL.RawPath = ""
 	out.URL.RawQuery = ex.rawQuery
 	out.URL.ForceQuery = false
@@ -286,6 +325,24 @@ func (b *idleBody) Close() error {
 	b.timer.Stop()
 	return b.rc.Close()
 }
+
+// infoWriter applies the response header policy to informational (1xx)
+// answers, which ReverseProxy relays as they came, without ModifyResponse:
+// a 103 Early Hints Link naming a loopback URL must not reach the client
+// any more than a final answer's.
+type infoWriter struct {
+	http.ResponseWriter
+	f *forwarder
+}
+
+func (w *infoWriter) WriteHeader(code int) {
+	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+		policy.ResponseHeaders(w.f.ns, w.Header(), w.f.upstream)
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *infoWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // upgradeWriter lets the server track connections ReverseProxy hijacks for
 // WebSocket pass-through, so Shutdown can close them.

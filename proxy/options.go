@@ -38,6 +38,9 @@ type Limits struct {
 
 	// MaxUpstreamIdleConns bounds pooled keep-alive connections per upstream.
 	MaxUpstreamIdleConns int // 256
+	// UpstreamIdleConn is how long an unused keep-alive connection to an
+	// upstream is kept open.
+	UpstreamIdleConn time.Duration // 90 s
 }
 
 // DefaultLimits returns the contract's limits.
@@ -56,6 +59,7 @@ func DefaultLimits() Limits {
 		ProbeInterval:        15 * time.Second,
 		ProbeTimeout:         3 * time.Second,
 		MaxUpstreamIdleConns: 256,
+		UpstreamIdleConn:     90 * time.Second,
 	}
 }
 
@@ -66,6 +70,7 @@ func (l Limits) Validate() error {
 		"IdleTimeout": l.IdleTimeout, "UpstreamConnect": l.UpstreamConnect,
 		"UpstreamIdleRead": l.UpstreamIdleRead, "UpstreamTotal": l.UpstreamTotal,
 		"TCPKeepAlive": l.TCPKeepAlive, "ProbeInterval": l.ProbeInterval, "ProbeTimeout": l.ProbeTimeout,
+		"UpstreamIdleConn": l.UpstreamIdleConn,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("proxy: limit %s must be positive", name)

@@ -160,8 +160,8 @@ func (s *Server) Reload(opts Options, id *pinning.Identity) error {
 	if old != nil {
 		// In-flight requests hold their own reference; only idle pooled
 		// connections of the old transports are released.
-		old.api.transport.CloseIdleConnections()
-		old.dashboard.transport.CloseIdleConnections()
+		old.api.close()
+		old.dashboard.close()
 	}
 	return nil
 }
@@ -242,8 +242,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeUpgrades()
 	s.prober.Close()
 	st := s.state.Load()
-	st.api.transport.CloseIdleConnections()
-	st.dashboard.transport.CloseIdleConnections()
+	st.api.close()
+	st.dashboard.close()
 	return err
 }
 

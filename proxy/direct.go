@@ -1,0 +1,481 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/hermes-securelink/securelink/proxy/policy"
+)
+
+// The direct path forwards a request without a body that is not an upgrade
+// (the common small API or Dashboard call) on the handler's own goroutine:
+// it writes the request on a pooled upstream connection, reads the answer
+// and copies it to the client. Every other request (bodies, WebSocket
+// upgrades) takes the ReverseProxy path in forward.go.
+//
+// Why a second path: httputil.ReverseProxy over http.Transport costs a
+// request clone, a context chain for our limits and its own tracing, and two
+// goroutine handoffs per exchange (the Transport's writeLoop and readLoop);
+// on the bench's small GET that was about a third of the front's CPU. A body
+// keeps the Transport, which writes it while already reading the answer (an
+// upstream that refuses before reading needs that) and knows
+// Expect: 100-continue.
+//
+// What it keeps identical to the ReverseProxy path: the request head is
+// what (*http.Request).Write writes (FuzzRequestHead holds the two equal)
+// and the answer is parsed by http.ReadResponse, as the Transport does;
+// header fields are validated as the Transport validates them; the same
+// policy functions apply to both directions, hop-by-hop response headers are
+// removed as ReverseProxy removes them; 1xx answers are relayed (under the
+// response policy, see infoWriter), trailers forwarded, bodies of
+// unknown length and event streams flushed per write; the response head is
+// bounded (64 KiB) and the limits (connect, idle read, total, response size)
+// and failure answers (502, 499, a cut connection) are the same. A request
+// that fails on a reused connection is retried under the Transport's rules.
+
+// direct forwards one bodiless, non-upgrade request.
+func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQuery string) {
+	l := f.limits
+	var start time.Time
+	if f.s.metrics != nil {
+		start = time.Now()
+	}
+	h := r.Header
+	// The client's request is ours to change: net/http reads nothing of
+	// it after the handler starts. Stripping hop-by-hop headers (and any
+	// Upgrade) is part of the policy.
+	policy.RequestHeaders(f.ns, h, f.authority, clientIP(r), false)
+	for k, vv := range h {
+		if !httpguts.ValidHeaderFieldName(k) {
+			f.fail(w, r, fmt.Errorf("invalid header field name %q", k))
+			return
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				f.fail(w, r, fmt.Errorf("invalid header field value for %q", k))
+				return
+			}
+		}
+	}
+	out := &http.Request{
+		Method: r.Method,
+		// Opaque carries the raw tail byte for byte (see rewrite).
+		URL:        &url.URL{Scheme: "http", Host: f.upstream.Host, Opaque: f.basePath + rawTail, RawQuery: rawQuery},
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     h,
+		Host:       f.upstream.Host,
+	}
+	total := time.Now().Add(l.UpstreamTotal)
+	ctx := r.Context()
+	var (
+		pc   *upConn
+		resp *http.Response
+		stop func() bool
+		err  error
+	)
+	for {
+		if pc, err = f.pool.get(ctx, total); err != nil {
+			f.fail(w, r, err)
+			return
+		}
+		stop = context.AfterFunc(ctx, pc.cancelFn)
+		if resp, err = f.roundTrip(w, pc, out, total); err == nil {
+			break
+		}
+		stop()
+		pc.conn.Close()
+		if ctx.Err() != nil || !pc.reused || !retryable(out, pc, err) {
+			f.fail(w, r, err)
+			return
+		}
+	}
+	b := &directBody{f: f, pc: pc, rc: resp.Body, stop: stop, total: total,
+		keep: !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols}
+	if resp.Body == http.NoBody || r.Method == http.MethodHead {
+		b.finish(true)
+	}
+	if start != (time.Time{}) {
+		f.s.metrics.UpstreamLatency(f.ns.String(), time.Since(start))
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// Only a request that asked for an upgrade may get one, and those
+		// take the ReverseProxy path.
+		b.Close()
+		f.fail(w, r, errors.New("upstream switched protocols unasked"))
+		return
+	}
+	removeHopByHop(resp.Header)
+	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
+	if resp.ContentLength > l.MaxResponseBody {
+		b.Close()
+		f.fail(w, r, errResponseTooLarge)
+		return
+	}
+	sse := isEventStream(resp.Header.Get("Content-Type"))
+	if sse {
+		b.total = time.Time{} // only the idle read applies
+	}
+	dst := w.Header()
+	for k, vv := range resp.Header {
+		if _, ok := dst[k]; ok {
+			dst[k] = append(dst[k], vv...)
+		} else {
+			dst[k] = vv
+		}
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		dst.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	if err := f.copyBody(w, b, sse || resp.ContentLength == -1); err != nil {
+		b.Close()
+		if r.Context().Value(http.ServerContextKey) != nil {
+			// As ReverseProxy: the only honest way to fail a response
+			// already started is to cut it.
+			panic(http.ErrAbortHandler)
+		}
+		return
+	}
+	b.Close()
+	if len(resp.Trailer) > 0 {
+		// Force chunking so net/http does not compute a length and drop
+		// the trailers.
+		http.NewResponseController(w).Flush()
+	}
+	if len(resp.Trailer) == announced {
+		for k, vv := range resp.Trailer {
+			for _, v := range vv {
+				dst.Add(k, v)
+			}
+		}
+		return
+	}
+	for k, vv := range resp.Trailer {
+		k = http.TrailerPrefix + k
+		for _, v := range vv {
+			dst.Add(k, v)
+		}
+	}
+}
+
+// roundTrip writes out on pc and reads the response head, relaying 1xx
+// answers. The read deadline bounds the wait by the idle read and the total.
+func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Request, total time.Time) (*http.Response, error) {
+	if err := writeRequestHead(pc.bw, out); err != nil {
+		return nil, err
+	}
+	if err := pc.bw.Flush(); err != nil {
+		if pc.reused && !pc.canceled.Load() {
+			// A pooled connection that fails its first write delivered
+			// nothing the upstream could act on.
+			err = fmt.Errorf("%w: %w", errNothingWritten, err)
+		}
+		return nil, err
+	}
+	if err := pc.setReadDeadline(readDeadline(f.limits.UpstreamIdleRead, total)); err != nil {
+		return nil, err
+	}
+	pc.limit = maxResponseHead
+	for {
+		resp, err := http.ReadResponse(pc.br, out)
+		if err != nil {
+			if pc.limit <= 0 {
+				err = fmt.Errorf("%w (%d bytes)", errHeadTooLarge, maxResponseHead)
+			}
+			return nil, err
+		}
+		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
+			pc.limit = math.MaxInt64
+			return resp, nil
+		}
+		// An informational answer (103 Early Hints): relayed under the
+		// response header policy, and the head limit starts over.
+		policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
+		copyInto(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		clear(w.Header())
+		pc.limit = maxResponseHead
+	}
+}
+
+// maxResponseHead bounds an upstream response head, as
+// http.Transport.MaxResponseHeaderBytes does on the other path.
+const maxResponseHead = 64 << 10
+
+func copyInto(dst, src http.Header) {
+	for k, vv := range src {
+		for _, v := range vv {
+			dst.Add(k, v)
+		}
+	}
+}
+
+// readDeadline is the deadline of one wait for the upstream: the idle read,
+// but never past the total (zero: no total).
+func readDeadline(idle time.Duration, total time.Time) time.Time {
+	d := time.Now().Add(idle)
+	if !total.IsZero() && total.Before(d) {
+		return total
+	}
+	return d
+}
+
+// retryable mirrors http.Transport: a request that failed on a reused
+// connection goes again when nothing was written, or when it is replayable
+// and the connection failed (closed, reset) before the first byte of an
+// answer: the upstream dropped a keep-alive connection as it was reused.
+func retryable(req *http.Request, pc *upConn, err error) bool {
+	if errors.Is(err, errNothingWritten) {
+		return true
+	}
+	var ne net.Error
+	if pc.nRead > 0 || (errors.As(err, &ne) && ne.Timeout()) {
+		// An answer had begun, or the upstream is slow rather than gone
+		// (http.Transport does not retry its header timeout either).
+		return false
+	}
+	switch req.Method {
+	case "GET", "HEAD", "OPTIONS", "TRACE":
+		return true
+	}
+	_, a := req.Header["Idempotency-Key"]
+	_, b := req.Header["X-Idempotency-Key"]
+	return a || b
+}
+
+var errNothingWritten = errors.New("upstream connection failed before the request was written")
+
+// copyBody streams the body to the client with a pooled 32 KiB buffer,
+// flushing every write when flush is set (event streams and bodies of
+// unknown length, as ReverseProxy does).
+func (f *forwarder) copyBody(w http.ResponseWriter, b *directBody, flush bool) error {
+	var ctl *http.ResponseController
+	if flush {
+		ctl = http.NewResponseController(w)
+		// Headers go out now, not with the first event.
+		ctl.Flush()
+	}
+	if b.done {
+		return nil
+	}
+	bp := bufferPool.p.Get().(*[]byte)
+	defer bufferPool.p.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := b.Read(buf)
+		if rerr != nil && rerr != io.EOF && rerr != context.Canceled {
+			f.s.log.Debug().Str("ns", f.ns.String()).Str("event", "reverse_proxy").Str("error", errorKind(rerr)).Msg("upstream read failed during body copy")
+		}
+		if n > 0 {
+			nw, werr := w.Write(buf[:n])
+			if werr != nil {
+				return werr
+			}
+			if nw != n {
+				return io.ErrShortWrite
+			}
+			if flush {
+				if err := ctl.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// fail answers a request the upstream could not serve, as errorHandler does.
+func (f *forwarder) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		f.s.log.Debug().Str("ns", f.ns.String()).Str("event", "client_gone").Msg("client left before the upstream answered")
+		w.WriteHeader(499)
+		return
+	}
+	f.s.log.Warn().Str("ns", f.ns.String()).Str("event", "upstream_error").Str("error", errorKind(err)).Msg("upstream failed")
+	plainError(w, http.StatusBadGateway)
+}
+
+// directBody reads a response body under the idle-read and total limits and
+// the response size limit, and hands the connection back to the pool when
+// the body was read to its end (closing it otherwise).
+type directBody struct {
+	f     *forwarder
+	pc    *upConn
+	rc    io.ReadCloser
+	stop  func() bool
+	total time.Time
+	keep  bool
+	done  bool
+	read  int64
+	eof   bool
+}
+
+func (b *directBody) Read(p []byte) (int, error) {
+	if b.done {
+		if b.eof {
+			return 0, io.EOF
+		}
+		return 0, errBodyClosed
+	}
+	if b.pc.br.Buffered() == 0 {
+		// The read may wait on the upstream: time it. Time spent
+		// writing to a slow client is not upstream idleness.
+		if err := b.pc.setReadDeadline(readDeadline(b.f.limits.UpstreamIdleRead, b.total)); err != nil {
+			b.finish(false)
+			return 0, err
+		}
+	}
+	n, err := b.rc.Read(p)
+	b.read += int64(n)
+	if b.read > b.f.limits.MaxResponseBody {
+		b.finish(false)
+		return 0, errResponseTooLarge
+	}
+	if err == io.EOF {
+		b.finish(true)
+	} else if err != nil {
+		canceled := b.pc.canceled.Load()
+		b.finish(false)
+		if canceled {
+			err = context.Canceled
+		}
+	}
+	return n, err
+}
+
+var errBodyClosed = errors.New("read on a closed upstream body")
+
+// Close ends the exchange; a body not read to its end closes the connection
+// (reading the rest of a body nobody wants could wait on the upstream).
+func (b *directBody) Close() error {
+	if !b.done {
+		b.finish(false)
+	}
+	return nil
+}
+
+func (b *directBody) finish(eof bool) {
+	b.done, b.eof = true, eof
+	if b.stop() && eof && b.keep && !b.pc.sawEOF {
+		b.f.pool.put(b.pc)
+		return
+	}
+	b.pc.conn.Close()
+}
+
+// removeHopByHop is ReverseProxy's removal of hop-by-hop response headers.
+func removeHopByHop(h http.Header) {
+	for _, v := range h["Connection"] {
+		for sf := range strings.SplitSeq(v, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		delete(h, k)
+	}
+}
+
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// writeRequestHead writes what (*http.Request).Write writes for a request
+// without a body, as http.Transport sends it: the request line, Host,
+// User-Agent only when present and not empty (ReverseProxy's rule: a client
+// without one is not given Go's), "Content-Length: 0" for POST, PUT and
+// PATCH, then the other fields in key order with
+// CR and LF turned into spaces and the values trimmed, Content-Length,
+// Transfer-Encoding and Trailer never taken from the map. It does without
+// Request.Write's formatted printing and allocations; FuzzRequestHead holds
+// the two byte for byte.
+func writeRequestHead(bw *bufio.Writer, r *http.Request) error {
+	ruri := r.URL.RequestURI()
+	for i := 0; i < len(ruri); i++ {
+		if c := ruri[i]; c < ' ' || c == 0x7f {
+			return errors.New("net/http: can't write control character in Request.URL")
+		}
+	}
+	method := r.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	bw.WriteString(method)
+	bw.WriteByte(' ')
+	bw.WriteString(ruri)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(r.Host)
+	bw.WriteString("\r\n")
+	h := r.Header
+	if ua := h["User-Agent"]; len(ua) > 0 && ua[0] != "" {
+		bw.WriteString("User-Agent: ")
+		bw.WriteString(headerValue(ua[0]))
+		bw.WriteString("\r\n")
+	}
+	switch method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+		// "Many servers expect a Content-Length for these methods."
+		bw.WriteString("Content-Length: 0\r\n")
+	}
+	var arr [32]string
+	keys := arr[:0]
+	for k := range h {
+		switch k {
+		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+			continue
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range h[k] {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(headerValue(v))
+			bw.WriteString("\r\n")
+		}
+	}
+	_, err := bw.WriteString("\r\n")
+	return err
+}
+
+var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
+
+// headerValue is a field value as net/http writes it: CR and LF become
+// spaces, surrounding whitespace goes.
+func headerValue(v string) string {
+	if strings.ContainsAny(v, "\r\n") {
+		v = newlineToSpace.Replace(v)
+	}
+	return textproto.TrimString(v)
+}

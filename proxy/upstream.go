@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// upstreamPool keeps the keep-alive connections of the direct path (see
+// direct.go) to one upstream. Unlike http.Transport it runs no goroutine per
+// connection: an idle connection is checked with one non-blocking peek when
+// it is taken, and a single timer per pool closes connections idle for
+// idleTimeout.
+type upstreamPool struct {
+	dialer      *net.Dialer
+	addr        string // host:port
+	idleTimeout time.Duration
+	maxIdle     int
+
+	mu      sync.Mutex
+	idle    []*upConn // oldest first; taken from the end
+	retired bool      // close() was called: connections are no longer kept
+	reaper  *time.Timer
+	armed   bool
+}
+
+func newUpstreamPool(dialer *net.Dialer, addr string, idleTimeout time.Duration, maxIdle int) *upstreamPool {
+	return &upstreamPool{dialer: dialer, addr: addr, idleTimeout: idleTimeout, maxIdle: maxIdle}
+}
+
+// get returns a live pooled connection, or dials one. A pooled connection
+// the upstream closed (or wrote to unasked) is dropped, as http.Transport's
+// readLoop drops it when it notices.
+func (p *upstreamPool) get(ctx context.Context, total time.Time) (*upConn, error) {
+	p.mu.Lock()
+	for n := len(p.idle); n > 0; n = len(p.idle) {
+		pc := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		if time.Since(pc.idleAt) < p.idleTimeout && pc.alive() {
+			pc.reused = true
+			return pc, nil
+		}
+		pc.conn.Close()
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+	if !total.IsZero() && time.Until(total) < p.dialer.Timeout {
+		// The connect timeout is not allowed to outlast the total.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, total)
+		defer cancel()
+	}
+	c, err := p.dialer.DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, err
+	}
+	pc := &upConn{conn: c}
+	if sc, ok := c.(syscall.Conn); ok {
+		pc.raw, _ = sc.SyscallConn()
+	}
+	pc.br = bufio.NewReaderSize(pc, 4<<10)
+	pc.bw = bufio.NewWriterSize(c, 4<<10)
+	pc.cancelFn = pc.cancel
+	pc.peekFn = pc.peek
+	return pc, nil
+}
+
+// put returns a connection whose exchange ended cleanly.
+func (p *upstreamPool) put(pc *upConn) {
+	pc.reused, pc.nRead, pc.sawEOF = false, 0, false
+	p.mu.Lock()
+	if p.retired || len(p.idle) >= p.maxIdle {
+		p.mu.Unlock()
+		pc.conn.Close()
+		return
+	}
+	pc.idleAt = time.Now()
+	p.idle = append(p.idle, pc)
+	if !p.armed {
+		p.armed = true
+		if p.reaper == nil {
+			p.reaper = time.AfterFunc(p.idleTimeout, p.reap)
+		} else {
+			p.reaper.Reset(p.idleTimeout)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// reap closes the connections idle for idleTimeout and re-arms itself for
+// the oldest remaining one.
+func (p *upstreamPool) reap() {
+	p.mu.Lock()
+	now := time.Now()
+	i := 0
+	for i < len(p.idle) && now.Sub(p.idle[i].idleAt) >= p.idleTimeout {
+		i++
+	}
+	expired := append([]*upConn(nil), p.idle[:i]...)
+	n := copy(p.idle, p.idle[i:])
+	clear(p.idle[n:])
+	p.idle = p.idle[:n]
+	p.armed = n > 0 && !p.retired
+	if p.armed {
+		p.reaper.Reset(p.idle[0].idleAt.Add(p.idleTimeout).Sub(now))
+	}
+	p.mu.Unlock()
+	for _, pc := range expired {
+		pc.conn.Close()
+	}
+}
+
+// close closes the idle connections and keeps no more: the forwarder was
+// replaced by a reload or the front is stopping. Connections still in use
+// are closed when their exchange ends.
+func (p *upstreamPool) close() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle, p.retired, p.armed = nil, true, false
+	if p.reaper != nil {
+		p.reaper.Stop()
+	}
+	p.mu.Unlock()
+	for _, pc := range idle {
+		pc.conn.Close()
+	}
+}
+
+// upConn is one keep-alive connection to the upstream.
+type upConn struct {
+	conn     net.Conn
+	raw      syscall.RawConn
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	cancelFn func()        // pc.cancel, bound once per connection
+	peekFn   func(uintptr) // pc.peek, likewise
+	peekOK   bool
+	idleAt   time.Time
+	reused   bool
+
+	// limit bounds the bytes read while a response head is parsed.
+	limit  int64
+	nRead  int64 // bytes read in this exchange
+	sawEOF bool  // the upstream closed its side
+
+	canceled atomic.Bool
+}
+
+// Read is the bufio.Reader's source: it enforces the head limit and notes
+// an upstream that closed (a close-delimited body ends the connection).
+func (pc *upConn) Read(p []byte) (int, error) {
+	if pc.limit <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > pc.limit {
+		p = p[:pc.limit]
+	}
+	n, err := pc.conn.Read(p)
+	if err == io.EOF {
+		pc.sawEOF = true
+	}
+	pc.limit -= int64(n)
+	pc.nRead += int64(n)
+	return n, err
+}
+
+var errHeadTooLarge = errors.New("upstream response head larger than the limit")
+
+// cancel aborts the exchange from another goroutine (the client left):
+// pending and later reads and writes fail at once.
+func (pc *upConn) cancel() {
+	pc.canceled.Store(true)
+	pc.conn.SetDeadline(aLongTimeAgo)
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// setReadDeadline times the next wait for the upstream without undoing a
+// cancel: cancel marks before it sets its deadline, so either its deadline
+// lands after this one or the mark is seen here.
+func (pc *upConn) setReadDeadline(t time.Time) error {
+	pc.conn.SetReadDeadline(t)
+	if pc.canceled.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// alive reports whether a pooled connection is still open and silent, with
+// one non-blocking peek. Control, unlike Read, ignores the read deadline the
+// last exchange left behind.
+func (pc *upConn) alive() bool {
+	if pc.raw == nil {
+		return true
+	}
+	pc.peekOK = false
+	return pc.raw.Control(pc.peekFn) == nil && pc.peekOK
+}
+
+func (pc *upConn) peek(fd uintptr) { pc.peekOK = peekAlive(fd) }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,8 +46,9 @@ func (w *wsEnv) url(path string) string { return w.srv.URL + path }
 // wsPeer is a test-side WebSocket whose reader runs all the time, as a real
 // peer's does, so pings are answered whatever the test is doing.
 type wsPeer struct {
-	c  *websocket.Conn
-	ch chan wsResult
+	c     *websocket.Conn
+	ch    chan wsResult
+	pings atomic.Int64 // pings received (and answered)
 }
 
 type wsResult struct {
@@ -59,7 +61,11 @@ func (w *wsEnv) dialWS(t *testing.T, localIP string) *wsPeer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), step)
 	defer cancel()
-	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(w.url(wire.ConnectPath), "http"), &websocket.DialOptions{HTTPClient: fromIP(localIP)})
+	p := &wsPeer{ch: make(chan wsResult, 64)}
+	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(w.url(wire.ConnectPath), "http"), &websocket.DialOptions{
+		HTTPClient:     fromIP(localIP),
+		OnPingReceived: func(context.Context, []byte) bool { p.pings.Add(1); return true },
+	})
 	if err != nil {
 		status := 0
 		if resp != nil {
@@ -69,7 +75,7 @@ func (w *wsEnv) dialWS(t *testing.T, localIP string) *wsPeer {
 	}
 	c.SetReadLimit(4 << 20)
 	t.Cleanup(func() { c.CloseNow() })
-	p := &wsPeer{c: c, ch: make(chan wsResult, 64)}
+	p.c = c
 	go func() {
 		for {
 			typ, data, err := c.Read(context.Background())
@@ -244,7 +250,10 @@ func TestHTTPHealth(t *testing.T) {
 func TestWebSocketEndToEnd(t *testing.T) {
 	w := newWSEnv(t, func(c *Config) {
 		c.PingInterval = 50 * time.Millisecond
-		c.PongTimeout = time.Second
+		// Generous: a loaded machine can take seconds to move a 1 MiB
+		// message, and no pong is read meanwhile. Dropping silent peers
+		// is TestKeepaliveDropsSilentPeers' job; here pings must flow.
+		c.PongTimeout = time.Minute
 	})
 	host := w.dialWS(t, "127.0.0.1")
 	w.wsRegister(t, host, wire.RoleHost, 0, wire.KindHost, w.hosts[0].token)
@@ -305,8 +314,12 @@ func TestWebSocketEndToEnd(t *testing.T) {
 	if !bytes.Equal(back, big) {
 		t.Fatal("host→client payload differs")
 	}
-	// Pings flow while both sides read; nobody is dropped.
-	time.Sleep(300 * time.Millisecond)
+	// Pings flow while both sides read: the broker pings again only once
+	// it has seen the pong of its previous ping. Nobody is dropped.
+	hostPings, clientPings := host.pings.Load(), c.pings.Load()
+	waitFor(t, "more ping round trips with both peers", func() bool {
+		return host.pings.Load() >= hostPings+3 && c.pings.Load() >= clientPings+3
+	})
 	if st := w.b.Stats(); st.HostsOnline != 1 || st.ActiveStreams != 1 {
 		t.Fatalf("stats %+v", st)
 	}

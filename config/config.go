@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/loopback"
 	"github.com/hermes-securelink/securelink/internal/strictyaml"
 	"github.com/hermes-securelink/securelink/pinning"
 )
@@ -338,33 +339,14 @@ func ParseUpstream(raw string, allowRemote bool) (*url.URL, error) {
 }
 
 // IsLoopbackHost reports whether host is localhost or a loopback address.
-func IsLoopbackHost(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.Unmap().IsLoopback()
-}
+func IsLoopbackHost(host string) bool { return loopback.Host(host) }
 
-// CheckBrokerURL enforces the only broker URL form clients accept:
-// wss://host[:port]/v1/connect with nothing else.
+// CheckBrokerURL enforces the only broker URL form clients accept
+// (wss://host[:port]/v1/connect and nothing else), as the wire package
+// defines it.
 func CheckBrokerURL(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("not a URL")
-	}
-	if u.Scheme != "wss" || u.Host == "" || u.Hostname() == "" {
-		return fmt.Errorf("must be wss://host[:port]/v1/connect")
-	}
-	if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Path != "/v1/connect" || u.RawPath != "" {
-		return fmt.Errorf("must be exactly wss://host[:port]/v1/connect (no user info, other path, query or fragment)")
-	}
-	if p := u.Port(); p != "" {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("invalid port")
-		}
-	}
-	return nil
+	_, err := wire.ParseBrokerURL(raw)
+	return err
 }
 
 // CanonicalID reports whether s is a canonical Reach identifier (the host_id form).
@@ -375,14 +357,10 @@ func CanonicalID(s string) bool {
 
 // CheckLoopbackListen requires host:port on a loopback IP (metrics, admin).
 func CheckLoopbackListen(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("%q is not host:port", addr)
+	if err := loopback.CheckListen(addr); err != nil {
+		return err
 	}
-	if !IsLoopbackHost(host) {
-		return fmt.Errorf("%q must be on loopback (e.g. 127.0.0.1:9464)", addr)
-	}
-	_, err = ListenPort(addr)
+	_, err := ListenPort(addr)
 	return err
 }
 

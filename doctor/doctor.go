@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/internal/trust"
 	"github.com/hermes-securelink/securelink/pinning"
@@ -131,8 +132,8 @@ func Run(ctx context.Context, cfg *config.Config, cfgErr error, stateDir string,
 // the connector uses and reads GET /health. It never registers: a
 // registration with the host's credentials would displace the daemon's.
 func checkBroker(ctx context.Context, cfg *config.Config, o Options, add func(Result)) {
-	u, err := url.Parse(cfg.Reach.BrokerURL)
-	if err != nil || config.CheckBrokerURL(cfg.Reach.BrokerURL) != nil {
+	u, err := wire.ParseBrokerURL(cfg.Reach.BrokerURL)
+	if err != nil {
 		add(Result{"reach broker", Fail, "reach.broker_url is not wss://host[:port]/v1/connect", "fix reach.broker_url"})
 		return
 	}

@@ -10,6 +10,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -19,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hermes-securelink/securelink/internal/loopback"
 )
 
 // Front holds the front's metrics. A nil *Front is valid and records nothing,
@@ -192,12 +195,8 @@ type Listener struct {
 
 // Listen binds addr (loopback only) for reg.
 func Listen(addr string, reg *prometheus.Registry) (*Listener, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return nil, errors.New("metrics: listen address must be on loopback")
+	if err := loopback.CheckListen(addr); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

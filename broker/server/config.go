@@ -6,10 +6,10 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/loopback"
 	"github.com/hermes-securelink/securelink/internal/strictyaml"
 )
 
@@ -172,7 +172,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.InsecurePlaintext {
-		if !loopbackHost(host) {
+		if !loopback.Host(host) {
 			bad("insecure_plaintext", "plain ws:// is allowed only with a loopback listen address (e.g. 127.0.0.1:9444), not %q", c.Listen)
 		}
 	} else if c.TLSCertFile == "" || c.TLSKeyFile == "" {
@@ -182,7 +182,7 @@ func (c *Config) Validate() error {
 		bad("tls.acme", "ACME is not supported yet; use tls.cert_file and tls.key_file")
 	}
 	if c.MetricsListen != "" {
-		if h, _, err := net.SplitHostPort(c.MetricsListen); err != nil || !loopbackHost(h) {
+		if h, _, err := net.SplitHostPort(c.MetricsListen); err != nil || !loopback.Host(h) {
 			bad("metrics.listen", "must be a loopback host:port, e.g. 127.0.0.1:9465")
 		}
 	}
@@ -252,14 +252,6 @@ func (c *Config) Validate() error {
 		bad("log.format", "%q is not one of auto, json, console", c.LogFormat)
 	}
 	return errors.Join(errs...)
-}
-
-func loopbackHost(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.Unmap().IsLoopback()
 }
 
 func (c *Config) errorf(key, format string, args ...any) error {

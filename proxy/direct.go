@@ -57,7 +57,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	// The client's request is ours to change: net/http reads nothing of
 	// it after the handler starts. Stripping hop-by-hop headers (and any
 	// Upgrade) is part of the policy.
-	policy.RequestHeaders(f.ns, h, f.authority, clientIP(r), false)
+	policy.RequestHeaders(f.ns, h, f.authority, r.RemoteAddr, false)
 	for k, vv := range h {
 		if !httpguts.ValidHeaderFieldName(k) {
 			f.fail(w, r, fmt.Errorf("invalid header field name %q", k))
@@ -119,7 +119,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		f.fail(w, r, errors.New("upstream switched protocols unasked"))
 		return
 	}
-	removeHopByHop(resp.Header)
+	policy.StripHopByHop(resp.Header) // as ReverseProxy does on the other path
 	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
 	if resp.ContentLength > l.MaxResponseBody {
 		b.Close()
@@ -386,25 +386,6 @@ func (b *directBody) finish(eof bool) {
 		return
 	}
 	b.pc.conn.Close()
-}
-
-// removeHopByHop is ReverseProxy's removal of hop-by-hop response headers.
-func removeHopByHop(h http.Header) {
-	for _, v := range h["Connection"] {
-		for sf := range strings.SplitSeq(v, ",") {
-			if sf = textproto.TrimString(sf); sf != "" {
-				h.Del(sf)
-			}
-		}
-	}
-	for _, k := range hopHeaders {
-		delete(h, k)
-	}
-}
-
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
 // writeRequestHead writes what (*http.Request).Write writes for a request

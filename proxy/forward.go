@@ -43,7 +43,6 @@ type exchange struct {
 	start     time.Time
 	rawTail   string
 	rawQuery  string
-	clientIP  string
 	upgrade   bool
 	cancel    context.CancelFunc
 	total     *time.Timer
@@ -121,7 +120,7 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQu
 		f.direct(w, r, rawTail, rawQuery)
 		return
 	}
-	ex := &exchange{clientCtx: r.Context(), start: time.Now(), rawTail: rawTail, rawQuery: rawQuery, clientIP: clientIP(r), upgrade: upgrade}
+	ex := &exchange{clientCtx: r.Context(), start: time.Now(), rawTail: rawTail, rawQuery: rawQuery, upgrade: upgrade}
 	if !ex.upgrade && r.Header.Get("Upgrade") != "" {
 		// Only WebSocket upgrades pass; anything else (h2c, TLS upgrade) is
 		// an ordinary request.
@@ -171,7 +170,7 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 	out.Host = f.upstream.Host
 	// For WebSocket upgrades RequestHeaders re-creates Connection/Upgrade
 	// after stripping every hop-by-hop header the client sent.
-	policy.RequestHeaders(f.ns, out.Header, f.authority, ex.clientIP, ex.upgrade)
+	policy.RequestHeaders(f.ns, out.Header, f.authority, pr.In.RemoteAddr, ex.upgrade)
 }
 
 func (f *forwarder) modifyResponse(resp *http.Response) error {
@@ -241,14 +240,6 @@ func errorKind(err error) string {
 		}
 		return "failed"
 	}
-}
-
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 // limitedBody enforces the request-body size and per-read progress limits.

@@ -167,7 +167,7 @@ func TestRelayHealthProbesCoalesced(t *testing.T) {
 	if bad != 0 {
 		t.Fatalf("%d health requests failed", bad)
 	}
-	if r, a, d := h.relay.probes.Load(), h.api.probes.Load(), h.dash.probes.Load(); r != 1 || a != 1 || d != 1 {
+	if r, a, d := h.relay.Probes.Load(), h.api.probes.Load(), h.dash.probes.Load(); r != 1 || a != 1 || d != 1 {
 		t.Fatalf("probes for 200 concurrent health requests: relay %d api %d dashboard %d, want 1 each", r, a, d)
 	}
 	resp, body := h.get("/relay/health")

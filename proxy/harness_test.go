@@ -11,8 +11,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -29,6 +27,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // extraName is an additional name of every test front (identity SAN, SNI and
@@ -166,149 +165,6 @@ func (u *upstream) last() seen {
 	return r[len(r)-1]
 }
 
-// Relay first-frame protocol as the fake Relay speaks it.
-const (
-	goodCode    = "GOOD42"
-	authOKMsg   = `{"channel":"system","type":"auth.ok","id":"1","payload":{"session_token":"sess-secret-token","expires_at":null,"grants":{},"transport_hint":"wss"}}`
-	authFailMsg = `{"channel":"system","type":"auth.fail","payload":{"reason":"invalid pairing code"}}`
-)
-
-func authFrame(code string) []byte {
-	return []byte(`{"channel":"system","type":"auth","id":"1","payload":{"pairing_code":"` + code +
-		`","device_id":"dev-1","device_name":"Test Phone"}}`)
-}
-
-// wsEnd is how one WebSocket peer saw its connection end: a close code, or
-// -1 when the connection dropped without a close frame.
-type wsEnd struct {
-	code   websocket.StatusCode
-	reason string
-}
-
-func endOf(err error) wsEnd {
-	var ce websocket.CloseError
-	if errors.As(err, &ce) {
-		return wsEnd{ce.Code, ce.Reason}
-	}
-	return wsEnd{code: -1}
-}
-
-// fakeRelay answers GET /health and speaks first-frame auth on /ws, then
-// echoes; the text "close4000" makes it close with 4000.
-type fakeRelay struct {
-	t        *testing.T
-	srv      *httptest.Server
-	url      *url.URL
-	probes   atomic.Int64
-	upgrades atomic.Int64
-	refuse   atomic.Int32 // non-zero: refuse upgrades with this status
-
-	mu   sync.Mutex
-	hdrs []http.Header
-	uris []string
-
-	ends chan wsEnd
-}
-
-func newFakeRelay(t *testing.T) *fakeRelay {
-	t.Helper()
-	f := &fakeRelay{t: t, ends: make(chan wsEnd, 64)}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
-	t.Cleanup(f.srv.Close)
-	var err error
-	if f.url, err = url.Parse(f.srv.URL); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-func (f *fakeRelay) serve(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/health" {
-		f.probes.Add(1)
-		io.WriteString(w, `{"ok":true}`)
-		return
-	}
-	if r.URL.Path != "/ws" {
-		http.NotFound(w, r)
-		return
-	}
-	f.upgrades.Add(1)
-	f.mu.Lock()
-	f.hdrs = append(f.hdrs, r.Header.Clone())
-	f.uris = append(f.uris, r.RequestURI)
-	f.mu.Unlock()
-	if code := f.refuse.Load(); code != 0 {
-		w.Header().Set("Retry-After", "7")
-		http.Error(w, "refused by relay", int(code))
-		return
-	}
-	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
-	if err != nil {
-		return
-	}
-	c.SetReadLimit(16 << 20)
-	ctx := context.Background()
-	_, first, err := c.Read(ctx)
-	if err != nil {
-		f.ends <- endOf(err)
-		return
-	}
-	var auth struct {
-		Type    string `json:"type"`
-		Payload struct {
-			PairingCode string `json:"pairing_code"`
-		} `json:"payload"`
-	}
-	if json.Unmarshal(first, &auth) != nil || auth.Type != "auth" || auth.Payload.PairingCode != goodCode {
-		_ = c.Write(ctx, websocket.MessageText, []byte(authFailMsg))
-		_ = c.Close(websocket.StatusPolicyViolation, "auth failed")
-		f.ends <- wsEnd{websocket.StatusPolicyViolation, "sent by relay"}
-		return
-	}
-	if err := c.Write(ctx, websocket.MessageText, []byte(authOKMsg)); err != nil {
-		f.ends <- endOf(err)
-		return
-	}
-	for {
-		typ, msg, err := c.Read(ctx)
-		if err != nil {
-			f.ends <- endOf(err)
-			return
-		}
-		if string(msg) == "close4000" {
-			_ = c.Close(4000, "relay bye")
-			f.ends <- wsEnd{4000, "sent by relay"}
-			return
-		}
-		if err := c.Write(ctx, typ, msg); err != nil {
-			f.ends <- endOf(err)
-			return
-		}
-	}
-}
-
-// lastUpgrade returns the headers and request target of the latest upgrade.
-func (f *fakeRelay) lastUpgrade() (http.Header, string) {
-	f.t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.hdrs) == 0 {
-		f.t.Fatal("relay received no upgrade")
-	}
-	return f.hdrs[len(f.hdrs)-1], f.uris[len(f.uris)-1]
-}
-
-func (f *fakeRelay) nextEnd() wsEnd {
-	f.t.Helper()
-	select {
-	case e := <-f.ends:
-		return e
-	case <-time.After(testTimeout):
-		f.t.Fatal("relay connection did not end")
-		return wsEnd{}
-	}
-}
-
 // logSink collects the front's log lines (to check that secrets never
 // appear) and mirrors them to the test log until the test ends, so a late
 // background log line cannot panic the test binary.
@@ -348,7 +204,7 @@ type harness struct {
 	logs  *logSink
 
 	api, dash *upstream
-	relay     *fakeRelay
+	relay     *relaytest.Relay
 
 	served chan error
 }
@@ -378,7 +234,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	h := &harness{t: t, ln: ln, served: make(chan error, 1)}
 	h.port = ln.Addr().(*net.TCPAddr).Port
 	h.addr = ln.Addr().String()
-	h.api, h.dash, h.relay = newAPI(t), newDashboard(t), newFakeRelay(t)
+	h.api, h.dash, h.relay = newAPI(t), newDashboard(t), relaytest.New(t, nil)
 	h.logs = &logSink{t: t}
 	h.idCfg = pinning.IdentityConfig{
 		StateDir:   t.TempDir() + "/s",
@@ -392,7 +248,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		AuthorityHost: "127.0.0.1",
 		AuthorityPort: h.port,
 		ExtraNames:    []string{extraName},
-		Upstreams:     Upstreams{Relay: h.relay.url, API: h.api.url, Dashboard: h.dash.url},
+		Upstreams:     Upstreams{Relay: h.relay.URL, API: h.api.url, Dashboard: h.dash.url},
 		Limits:        testLimits(),
 		Log:           zerolog.New(h.logs).Level(zerolog.DebugLevel),
 	}
@@ -633,17 +489,6 @@ func wsRead(c *websocket.Conn) (websocket.MessageType, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	return c.Read(ctx)
-}
-
-// authenticate sends the first-frame auth and returns the verdict text.
-func authenticate(t *testing.T, c *websocket.Conn, code string) string {
-	t.Helper()
-	wsSend(t, c, websocket.MessageText, authFrame(code))
-	_, msg, err := wsRead(c)
-	if err != nil {
-		t.Fatalf("reading auth verdict: %v", err)
-	}
-	return string(msg)
 }
 
 // closedURL is an http:// loopback URL where nothing listens.

@@ -12,12 +12,13 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 func TestReloadRotatedIdentityKeepsOpenRelaySocket(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	authenticate(t, c, goodCode)
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
 	echoWS(h.api)
 	pass := h.mustDialWS("/api/ws", "")
 
@@ -95,10 +96,10 @@ func TestReloadChangedAPIUpstream(t *testing.T) {
 func TestReloadChangedRelayKeepsEstablishedBridge(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	authenticate(t, c, goodCode)
-	second := newFakeRelay(t)
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	second := relaytest.New(t, nil)
 	opts := h.opts
-	opts.Upstreams.Relay = second.url
+	opts.Upstreams.Relay = second.URL
 	if err := h.srv.Reload(opts, h.id); err != nil {
 		t.Fatal(err)
 	}
@@ -107,9 +108,9 @@ func TestReloadChangedRelayKeepsEstablishedBridge(t *testing.T) {
 		t.Fatalf("established bridge after reload: %q %v", msg, err)
 	}
 	c2 := h.mustDialWS("/relay/ws", "")
-	authenticate(t, c2, goodCode)
-	if h.relay.upgrades.Load() != 1 || second.upgrades.Load() != 1 {
-		t.Fatalf("upgrades: old relay %d, new relay %d; want 1 each", h.relay.upgrades.Load(), second.upgrades.Load())
+	relaytest.Authenticate(t, c2, relaytest.GoodCode)
+	if h.relay.Upgrades.Load() != 1 || second.Upgrades.Load() != 1 {
+		t.Fatalf("upgrades: old relay %d, new relay %d; want 1 each", h.relay.Upgrades.Load(), second.Upgrades.Load())
 	}
 }
 

@@ -115,7 +115,7 @@ func TestUnknownRoutesAre404(t *testing.T) {
 			t.Errorf("GET %s: status %d, want 404", p, resp.StatusCode)
 		}
 	}
-	if h.api.hits.Load()+h.dash.hits.Load() != 0 || h.relay.upgrades.Load() != 0 {
+	if h.api.hits.Load()+h.dash.hits.Load() != 0 || h.relay.Upgrades.Load() != 0 {
 		t.Fatal("an unknown route reached an upstream")
 	}
 }
@@ -146,7 +146,7 @@ func TestRelayWSNonUpgradeIs400(t *testing.T) {
 	wantStatus(t, "plain GET /relay/ws", resp, 400)
 	resp, _ = h.rawReq("POST", "/relay/ws", "Content-Length: 0")
 	wantStatus(t, "POST /relay/ws", resp, 405)
-	if n := h.relay.upgrades.Load(); n != 0 {
+	if n := h.relay.Upgrades.Load(); n != 0 {
 		t.Fatalf("relay saw %d upgrades", n)
 	}
 }

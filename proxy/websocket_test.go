@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // --- /relay/ws: the message-level bridge through the real front ---
@@ -17,7 +19,7 @@ import (
 func TestRelayMessagesEchoInOrder(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("auth verdict %s, want the Relay's auth.ok unchanged", got)
 	}
 	const n = 60
@@ -42,7 +44,7 @@ func TestRelayMessagesEchoInOrder(t *testing.T) {
 		}
 	}
 	c.Close(websocket.StatusNormalClosure, "done")
-	if e := h.relay.nextEnd(); e.code != websocket.StatusNormalClosure {
+	if e := h.relay.NextEnd(); e.Code != websocket.StatusNormalClosure {
 		t.Fatalf("relay saw %v, want 1000", e)
 	}
 }
@@ -50,19 +52,19 @@ func TestRelayMessagesEchoInOrder(t *testing.T) {
 func TestRelayCloseCode4000ArrivesAs4000(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	authenticate(t, c, goodCode)
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
 	wsSend(t, c, websocket.MessageText, []byte("close4000"))
 	_, _, err := wsRead(c)
-	if e := endOf(err); e.code != 4000 || e.reason != "relay bye" {
+	if e := relaytest.EndOf(err); e.Code != 4000 || e.Reason != "relay bye" {
 		t.Fatalf("client saw %+v, want 4000 \"relay bye\"", e)
 	}
-	h.relay.nextEnd()
+	h.relay.NextEnd()
 
 	// And the other way round: the client's code reaches the Relay.
 	c = h.mustDialWS("/relay/ws", "")
-	authenticate(t, c, goodCode)
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
 	c.Close(4123, "client bye")
-	if e := h.relay.nextEnd(); e.code != 4123 || e.reason != "client bye" {
+	if e := h.relay.NextEnd(); e.Code != 4123 || e.Reason != "client bye" {
 		t.Fatalf("relay saw %+v, want 4123 \"client bye\"", e)
 	}
 }
@@ -71,13 +73,13 @@ func TestRelayAuthFailuresBlockOnlyThatSource(t *testing.T) {
 	h := newHarness(t)
 	for i := range 5 {
 		c := h.mustDialWS("/relay/ws", "127.0.0.1")
-		if got := authenticate(t, c, "WRONG"); got != authFailMsg {
+		if got := relaytest.Authenticate(t, c, "WRONG"); got != relaytest.AuthFailMsg {
 			t.Fatalf("attempt %d: verdict %s", i, got)
 		}
-		if _, _, err := wsRead(c); endOf(err).code != websocket.StatusPolicyViolation {
+		if _, _, err := wsRead(c); relaytest.EndOf(err).Code != websocket.StatusPolicyViolation {
 			t.Fatalf("attempt %d: after auth.fail %v, want the Relay's 1008", i, err)
 		}
-		h.relay.nextEnd()
+		h.relay.NextEnd()
 	}
 	_, resp, err := h.dialWS("/relay/ws", "127.0.0.1")
 	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests {
@@ -86,12 +88,12 @@ func TestRelayAuthFailuresBlockOnlyThatSource(t *testing.T) {
 	if resp.Header.Get("Retry-After") == "" {
 		t.Error("429 without Retry-After")
 	}
-	if n := h.relay.upgrades.Load(); n != 5 {
+	if n := h.relay.Upgrades.Load(); n != 5 {
 		t.Fatalf("the Relay saw %d upgrades; a blocked source must not reach it", n)
 	}
 	// Another source is not blocked at the front, even with the right code.
 	c := h.mustDialWS("/relay/ws", "127.0.0.2")
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("other source: verdict %s", got)
 	}
 	wsSend(t, c, websocket.MessageText, []byte("still here"))
@@ -103,7 +105,7 @@ func TestRelayAuthFailuresBlockOnlyThatSource(t *testing.T) {
 		t.Fatal("blocked source unblocked by another source's success")
 	}
 	// No verdict secret reaches the logs.
-	for _, secret := range []string{goodCode, "sess-secret-token", "WRONG"} {
+	for _, secret := range []string{relaytest.GoodCode, relaytest.SessionToken, "WRONG"} {
 		if strings.Contains(h.logs.String(), secret) {
 			t.Errorf("log contains %q", secret)
 		}
@@ -126,7 +128,7 @@ func TestRelayDownIs502OnUpgrade(t *testing.T) {
 
 func TestRelayRefusalPassesThroughWithItsStatus(t *testing.T) {
 	h := newHarness(t)
-	h.relay.refuse.Store(http.StatusTooManyRequests)
+	h.relay.Refuse.Store(http.StatusTooManyRequests)
 	_, resp, err := h.dialWS("/relay/ws", "")
 	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("Relay refusal: %v %v, want its 429", resp, err)
@@ -154,8 +156,9 @@ func TestRelayUpgradeCarriesOnlyAllowedHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	authenticate(t, c, goodCode)
-	got, uri := h.relay.lastUpgrade()
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	last := h.relay.LastRequest()
+	got, uri := last.Header, last.RequestURI
 	if uri != "/ws?v=2&device=x" {
 		t.Errorf("relay target %q, want /ws?v=2&device=x", uri)
 	}
@@ -176,8 +179,8 @@ func TestRelayProxySecretSentOnlyWhenConfigured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	authenticate(t, c, goodCode)
-	got, _ := h.relay.lastUpgrade()
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	got := h.relay.LastRequest().Header
 	if v := got.Values("X-Hermes-Proxy-Secret"); len(v) != 1 || v[0] != "configured-proxy-secret" {
 		t.Errorf("X-Hermes-Proxy-Secret %q", v)
 	}
@@ -195,11 +198,11 @@ func TestRelayProxySecretSentOnlyWhenConfigured(t *testing.T) {
 // "echo:"; "drop" makes it drop the TCP connection, "close4002" close with
 // 4002.
 type wsEcho struct {
-	ends chan wsEnd
+	ends chan relaytest.End
 }
 
 func echoWS(u *upstream, protos ...string) *wsEcho {
-	e := &wsEcho{ends: make(chan wsEnd, 8)}
+	e := &wsEcho{ends: make(chan relaytest.End, 8)}
 	u.handle(func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, Subprotocols: protos})
 		if err != nil {
@@ -209,21 +212,21 @@ func echoWS(u *upstream, protos ...string) *wsEcho {
 		for {
 			typ, msg, err := c.Read(ctx)
 			if err != nil {
-				e.ends <- endOf(err)
+				e.ends <- relaytest.EndOf(err)
 				return
 			}
 			switch string(msg) {
 			case "drop":
 				c.CloseNow()
-				e.ends <- wsEnd{-2, "upstream dropped"}
+				e.ends <- relaytest.End{Code: -2, Reason: "upstream dropped"}
 				return
 			case "close4002":
 				c.Close(4002, "upstream bye")
-				e.ends <- wsEnd{4002, "upstream closed"}
+				e.ends <- relaytest.End{Code: 4002, Reason: "upstream closed"}
 				return
 			}
 			if err := c.Write(ctx, typ, append([]byte("echo:"), msg...)); err != nil {
-				e.ends <- endOf(err)
+				e.ends <- relaytest.EndOf(err)
 				return
 			}
 		}
@@ -231,14 +234,14 @@ func echoWS(u *upstream, protos ...string) *wsEcho {
 	return e
 }
 
-func (e *wsEcho) nextEnd(t *testing.T) wsEnd {
+func (e *wsEcho) nextEnd(t *testing.T) relaytest.End {
 	t.Helper()
 	select {
 	case x := <-e.ends:
 		return x
 	case <-time.After(testTimeout):
 		t.Fatal("upstream WebSocket did not end")
-		return wsEnd{}
+		return relaytest.End{}
 	}
 }
 
@@ -308,14 +311,14 @@ func TestPassThroughUpstreamCloseClosesClient(t *testing.T) {
 	// A close frame passes byte for byte.
 	c := h.mustDialWS("/api/ws", "")
 	wsSend(t, c, websocket.MessageText, []byte("close4002"))
-	if _, _, err := wsRead(c); endOf(err).code != 4002 {
+	if _, _, err := wsRead(c); relaytest.EndOf(err).Code != 4002 {
 		t.Fatalf("client saw %v, want 4002", err)
 	}
 	e.nextEnd(t)
 	// An upstream that drops TCP takes the client leg with it.
 	c = h.mustDialWS("/api/ws", "")
 	wsSend(t, c, websocket.MessageText, []byte("drop"))
-	if _, _, err := wsRead(c); err == nil || endOf(err).code != -1 {
+	if _, _, err := wsRead(c); err == nil || relaytest.EndOf(err).Code != -1 {
 		t.Fatalf("after the upstream dropped: %v, want the connection closed", err)
 	}
 	e.nextEnd(t)
@@ -328,13 +331,13 @@ func TestPassThroughClientCloseClosesUpstream(t *testing.T) {
 	c := h.mustDialWS("/dashboard/ws", "")
 	echoRoundTrip(t, c)
 	c.Close(4001, "client bye")
-	if x := e.nextEnd(t); x.code != 4001 {
+	if x := e.nextEnd(t); x.Code != 4001 {
 		t.Fatalf("upstream saw %+v, want 4001", x)
 	}
 	c = h.mustDialWS("/dashboard/ws", "")
 	echoRoundTrip(t, c)
 	c.CloseNow() // TCP gone, no close frame
-	if x := e.nextEnd(t); x.code != -1 {
+	if x := e.nextEnd(t); x.Code != -1 {
 		t.Fatalf("upstream saw %+v, want the connection dropped", x)
 	}
 	waitFor(t, "upgrades to be released", func() bool { return h.srv.ActiveUpgrades() == 0 })
@@ -350,7 +353,7 @@ func TestUpgradedConnectionsOutliveServerTimeouts(t *testing.T) {
 	echoWS(h.api)
 	pass := h.mustDialWS("/api/ws", "")
 	bridged := h.mustDialWS("/relay/ws", "")
-	authenticate(t, bridged, goodCode)
+	relaytest.Authenticate(t, bridged, relaytest.GoodCode)
 	time.Sleep(800 * time.Millisecond) // four times every server timeout
 	echoRoundTrip(t, pass)
 	wsSend(t, bridged, websocket.MessageText, []byte("late"))
@@ -365,7 +368,7 @@ func TestShutdownClosesUpgradedConnections(t *testing.T) {
 	pass := h.mustDialWS("/api/ws", "")
 	echoRoundTrip(t, pass)
 	bridged := h.mustDialWS("/relay/ws", "")
-	authenticate(t, bridged, goodCode)
+	relaytest.Authenticate(t, bridged, relaytest.GoodCode)
 	if h.srv.ActiveUpgrades() != 1 || h.srv.Bridge().Active() != 1 {
 		t.Fatalf("before shutdown: %d pass-throughs, %d bridged", h.srv.ActiveUpgrades(), h.srv.Bridge().Active())
 	}
@@ -380,16 +383,16 @@ func TestShutdownClosesUpgradedConnections(t *testing.T) {
 	if err := h.srv.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
-	if err := <-bridgedEnd; endOf(err).code != websocket.StatusGoingAway {
+	if err := <-bridgedEnd; relaytest.EndOf(err).Code != websocket.StatusGoingAway {
 		t.Fatalf("bridged client saw %v, want 1001", err)
 	}
-	if x := h.relay.nextEnd(); x.code != websocket.StatusGoingAway {
+	if x := h.relay.NextEnd(); x.Code != websocket.StatusGoingAway {
 		t.Fatalf("relay saw %+v, want 1001", x)
 	}
 	if err := <-passEnd; err == nil {
 		t.Fatal("pass-through client still open after Shutdown")
 	}
-	if x := e.nextEnd(t); x.code != -1 {
+	if x := e.nextEnd(t); x.Code != -1 {
 		t.Fatalf("pass-through upstream saw %+v, want the connection closed", x)
 	}
 	select {
@@ -409,17 +412,17 @@ func TestShutdownClosesUpgradedConnections(t *testing.T) {
 func TestRelayMessageSizeLimit(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	authenticate(t, c, goodCode)
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
 	exact := make([]byte, 4<<20)
 	wsSend(t, c, websocket.MessageBinary, exact)
 	if typ, msg, err := wsRead(c); err != nil || typ != websocket.MessageBinary || len(msg) != len(exact) {
 		t.Fatalf("4 MiB message: %v %d bytes %v", typ, len(msg), err)
 	}
 	wsSend(t, c, websocket.MessageBinary, make([]byte, 4<<20+1))
-	if _, _, err := wsRead(c); endOf(err).code != websocket.StatusMessageTooBig {
+	if _, _, err := wsRead(c); relaytest.EndOf(err).Code != websocket.StatusMessageTooBig {
 		t.Fatalf("client after an oversize message: %v, want 1009", err)
 	}
-	if x := h.relay.nextEnd(); x.code != websocket.StatusMessageTooBig {
+	if x := h.relay.NextEnd(); x.Code != websocket.StatusMessageTooBig {
 		t.Fatalf("relay saw %+v, want 1009", x)
 	}
 }
@@ -460,13 +463,13 @@ func TestBrokerConnectionsShareOneAuthFailureSource(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := authenticate(t, c, "WRONG"); got != authFailMsg {
+		if got := relaytest.Authenticate(t, c, "WRONG"); got != relaytest.AuthFailMsg {
 			t.Fatalf("attempt %d: %s", i, got)
 		}
-		if hdr, _ := h.relay.lastUpgrade(); hdr.Get("X-Hermes-Proxy-Peer") != "reach" {
+		if hdr := h.relay.LastRequest().Header; hdr.Get("X-Hermes-Proxy-Peer") != "reach" {
 			t.Fatalf("broker connection peer %q, want reach", hdr.Get("X-Hermes-Proxy-Peer"))
 		}
-		h.relay.nextEnd()
+		h.relay.NextEnd()
 	}
 	for _, src := range []string{"127.0.0.1", "127.0.0.2"} {
 		if _, resp, _ := viaBroker(src); resp == nil || resp.StatusCode != http.StatusTooManyRequests {
@@ -474,10 +477,10 @@ func TestBrokerConnectionsShareOneAuthFailureSource(t *testing.T) {
 		}
 	}
 	c := h.mustDialWS("/relay/ws", "127.0.0.1")
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("direct client after reach was blocked: %s", got)
 	}
-	if hdr, _ := h.relay.lastUpgrade(); hdr.Get("X-Hermes-Proxy-Peer") != "127.0.0.1" {
+	if hdr := h.relay.LastRequest().Header; hdr.Get("X-Hermes-Proxy-Peer") != "127.0.0.1" {
 		t.Fatalf("direct connection peer %q", hdr.Get("X-Hermes-Proxy-Peer"))
 	}
 }

@@ -14,12 +14,14 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 func TestBridgeRelaysTextAndBinaryInOrder(t *testing.T) {
 	_, _, front := setup(t, nil, nil)
 	c := mustDial(t, front, dialOpt{})
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("auth.ok changed on the way: %s", got)
 	}
 	type msg struct {
@@ -50,8 +52,8 @@ func TestBridgeMessageSizeLimit(t *testing.T) {
 	t.Run("exactly 4 MiB passes both ways", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
-		payload := bytes.Repeat([]byte{'z'}, mib4)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		payload := bytes.Repeat([]byte{'z'}, relaytest.MaxMessage)
 		send(t, c, websocket.MessageBinary, payload)
 		typ, data, err := readMsg(t, c)
 		if err != nil || typ != websocket.MessageBinary || !bytes.Equal(data, payload) {
@@ -59,33 +61,33 @@ func TestBridgeMessageSizeLimit(t *testing.T) {
 		}
 		send(t, c, websocket.MessageText, []byte("exact"))
 		_, data, err = readMsg(t, c)
-		if err != nil || len(data) != mib4 {
+		if err != nil || len(data) != relaytest.MaxMessage {
 			t.Fatalf("relay's 4 MiB message: %d bytes, err %v", len(data), err)
 		}
 	})
 	t.Run("client sends 4 MiB + 1", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
-		send(t, c, websocket.MessageBinary, make([]byte, mib4+1))
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		send(t, c, websocket.MessageBinary, make([]byte, relaytest.MaxMessage+1))
 		_, _, err := readMsg(t, c)
-		if got := closeOf(err).code; got != websocket.StatusMessageTooBig {
+		if got := relaytest.EndOf(err).Code; got != websocket.StatusMessageTooBig {
 			t.Fatalf("client saw %v, want 1009", err)
 		}
-		if got := relay.nextClose().code; got != websocket.StatusMessageTooBig {
+		if got := relay.NextEnd().Code; got != websocket.StatusMessageTooBig {
 			t.Fatalf("relay saw close %d, want 1009", got)
 		}
 	})
 	t.Run("relay sends 4 MiB + 1", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		send(t, c, websocket.MessageText, []byte("big"))
 		_, _, err := readMsg(t, c)
-		if got := closeOf(err).code; got != websocket.StatusMessageTooBig {
+		if got := relaytest.EndOf(err).Code; got != websocket.StatusMessageTooBig {
 			t.Fatalf("client saw %v, want 1009", err)
 		}
-		if got := relay.nextClose().code; got != websocket.StatusMessageTooBig {
+		if got := relay.NextEnd().Code; got != websocket.StatusMessageTooBig {
 			t.Fatalf("relay saw close %d, want 1009", got)
 		}
 	})
@@ -95,50 +97,50 @@ func TestBridgeCloseCodes(t *testing.T) {
 	t.Run("relay 4000 reaches the client with its reason", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		send(t, c, websocket.MessageText, []byte("close4000"))
 		_, _, err := readMsg(t, c)
-		if got := closeOf(err); got != (seenClose{4000, "relay bye"}) {
+		if got := relaytest.EndOf(err); got != (relaytest.End{Code: 4000, Reason: "relay bye"}) {
 			t.Fatalf("client saw %+v, want 4000 \"relay bye\"", got)
 		}
 	})
 	t.Run("client 4000 reaches the relay with its reason", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		if err := c.Close(4000, "client bye"); err != nil {
 			t.Fatalf("client close handshake: %v", err)
 		}
-		if got := relay.nextClose(); got != (seenClose{4000, "client bye"}) {
+		if got := relay.NextEnd(); got != (relaytest.End{Code: 4000, Reason: "client bye"}) {
 			t.Fatalf("relay saw %+v, want 4000 \"client bye\"", got)
 		}
 	})
 	t.Run("client 1000 reaches the relay", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		_ = c.Close(websocket.StatusNormalClosure, "")
-		if got := relay.nextClose(); got != (seenClose{websocket.StatusNormalClosure, ""}) {
+		if got := relay.NextEnd(); got != (relaytest.End{Code: websocket.StatusNormalClosure, Reason: ""}) {
 			t.Fatalf("relay saw %+v, want 1000", got)
 		}
 	})
 	t.Run("relay close without status stays without status", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		send(t, c, websocket.MessageText, []byte("closeNoStatus"))
 		_, _, err := readMsg(t, c)
-		if got := closeOf(err).code; got != websocket.StatusNoStatusRcvd {
+		if got := relaytest.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
 			t.Fatalf("client saw %v, want a close frame without status (1005)", err)
 		}
 	})
 	t.Run("relay dropping the socket (1006) becomes a close without status", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		send(t, c, websocket.MessageText, []byte("drop"))
 		_, _, err := readMsg(t, c)
-		if got := closeOf(err).code; got != websocket.StatusNoStatusRcvd {
+		if got := relaytest.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
 			t.Fatalf("client saw %v, want a close frame without status (1005)", err)
 		}
 	})
@@ -180,7 +182,7 @@ func TestBridgeRelayDownIs502(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	relay := newFakeRelay(t, nil)
+	relay := relaytest.New(t, nil)
 	o := testOptions(t, relay)
 	o.Upstream.Host = addr // nothing listens there any more
 	b := newBridge(t, o)
@@ -196,7 +198,7 @@ func TestBridgeRelayDownIs502(t *testing.T) {
 
 func TestBridgePassesRelayRefusalStatus(t *testing.T) {
 	for _, status := range []int{http.StatusTooManyRequests, http.StatusUnauthorized, http.StatusServiceUnavailable} {
-		relay, _, front := setup(t, func(f *fakeRelay) { f.refuse = status }, nil)
+		relay, _, front := setup(t, func(f *relaytest.Relay) { f.Refuse.Store(int32(status)) }, nil)
 		_, resp, err := dial(t, front, dialOpt{})
 		if err == nil || resp == nil || resp.StatusCode != status {
 			t.Fatalf("relay refused with %d: got err %v resp %v", status, err, resp)
@@ -207,8 +209,8 @@ func TestBridgePassesRelayRefusalStatus(t *testing.T) {
 		if got := resp.Header.Get("Set-Cookie"); got != "" {
 			t.Errorf("relay's Set-Cookie leaked: %q", got)
 		}
-		if len(relay.requests()) != 1 {
-			t.Fatalf("relay saw %d upgrades", len(relay.requests()))
+		if len(relay.Requests()) != 1 {
+			t.Fatalf("relay saw %d upgrades", len(relay.Requests()))
 		}
 	}
 }
@@ -260,7 +262,7 @@ func TestBridgeMethodsAndNonUpgrade(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("bad key: %d, want 400", resp.StatusCode)
 	}
-	if n := len(relay.requests()); n != 0 {
+	if n := len(relay.Requests()); n != 0 {
 		t.Fatalf("relay was dialed %d times for refused requests", n)
 	}
 }
@@ -279,7 +281,7 @@ func TestBridgeBlocksSourceAfterAuthFailures(t *testing.T) {
 	}
 	// Another source is unaffected.
 	c := mustDial(t, front, dialOpt{localIP: "127.0.0.2"})
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("127.0.0.2 got %s", got)
 	}
 	if _, blocked := b.limiter.blocked("127.0.0.2/32"); blocked {
@@ -293,7 +295,7 @@ func TestBridgeFourFailuresDoNotBlock(t *testing.T) {
 		failAuth(t, front, "127.0.0.1")
 	}
 	c := mustDial(t, front, dialOpt{localIP: "127.0.0.1"})
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("got %s", got)
 	}
 }
@@ -319,8 +321,8 @@ func TestBridgeUpstreamHeaders(t *testing.T) {
 	t.Run("without proxy secret", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{header: client.Clone(), protos: []string{"hermes.v1"}})
-		authenticate(t, c, goodCode)
-		got := relay.lastRequest().Header
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		got := relay.LastRequest().Header
 		names := headerNames(got)
 		slices.Sort(names)
 		want := slices.Clone(base)
@@ -335,8 +337,8 @@ func TestBridgeUpstreamHeaders(t *testing.T) {
 	t.Run("with proxy secret", func(t *testing.T) {
 		relay, _, front := setup(t, nil, func(o *Options) { o.ProxySecret = "s3cret-value" })
 		c := mustDial(t, front, dialOpt{header: client.Clone()})
-		authenticate(t, c, goodCode)
-		got := relay.lastRequest().Header
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		got := relay.LastRequest().Header
 		names := headerNames(got)
 		slices.Sort(names)
 		want := []string{"connection", "upgrade", "sec-websocket-key", "sec-websocket-version",
@@ -355,8 +357,8 @@ func TestBridgeUpstreamHeaders(t *testing.T) {
 	t.Run("no User-Agent invented", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{header: http.Header{"User-Agent": {""}}})
-		authenticate(t, c, goodCode)
-		if ua, ok := relay.lastRequest().Header["User-Agent"]; ok {
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		if ua, ok := relay.LastRequest().Header["User-Agent"]; ok {
 			t.Fatalf("upstream got User-Agent %q", ua)
 		}
 	})
@@ -366,20 +368,20 @@ func TestBridgePreservesRawQuery(t *testing.T) {
 	relay, _, front := setup(t, nil, nil)
 	const q = "profile=a%2Fb&x=%20y+z&flag&ticket=AbC-_~.%7E"
 	c := mustDial(t, front, dialOpt{query: q})
-	authenticate(t, c, goodCode)
-	r := relay.lastRequest()
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	r := relay.LastRequest()
 	if r.URL.RawQuery != q || r.URL.Path != "/ws" {
 		t.Fatalf("upstream got %q ? %q, want /ws ? %q", r.URL.Path, r.URL.RawQuery, q)
 	}
 }
 
 func TestBridgeReturnsRelaySelectedSubprotocol(t *testing.T) {
-	relay, _, front := setup(t, func(f *fakeRelay) { f.subprotocols = []string{"hermes.v2"} }, nil)
+	relay, _, front := setup(t, func(f *relaytest.Relay) { f.Subprotocols = []string{"hermes.v2"} }, nil)
 	c := mustDial(t, front, dialOpt{protos: []string{"hermes.v1", "hermes.v2"}})
 	if got := c.Subprotocol(); got != "hermes.v2" {
 		t.Fatalf("client got subprotocol %q, want the relay's hermes.v2", got)
 	}
-	offered := offeredSubprotocols(relay.lastRequest().Header)
+	offered := offeredSubprotocols(relay.LastRequest().Header)
 	if !slices.Equal(offered, []string{"hermes.v1", "hermes.v2"}) {
 		t.Fatalf("relay was offered %v", offered)
 	}
@@ -395,7 +397,7 @@ func TestBridgeReturnsRelaySelectedSubprotocol(t *testing.T) {
 func TestBridgeShutdownSends1001(t *testing.T) {
 	relay, b, front := setup(t, nil, nil)
 	c := mustDial(t, front, dialOpt{})
-	authenticate(t, c, goodCode)
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
 	waitFor(t, "session registered", func() bool { return b.Active() == 1 })
 	readErr := make(chan error, 1)
 	go func() {
@@ -407,10 +409,10 @@ func TestBridgeShutdownSends1001(t *testing.T) {
 	if err := b.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
-	if got := closeOf(<-readErr).code; got != websocket.StatusGoingAway {
+	if got := relaytest.EndOf(<-readErr).Code; got != websocket.StatusGoingAway {
 		t.Fatalf("client saw close %d, want 1001", got)
 	}
-	if got := relay.nextClose().code; got != websocket.StatusGoingAway {
+	if got := relay.NextEnd().Code; got != websocket.StatusGoingAway {
 		t.Fatalf("relay saw close %d, want 1001", got)
 	}
 	if b.Active() != 0 {
@@ -435,17 +437,17 @@ func TestBridgeActiveCountsSessions(t *testing.T) {
 
 func TestBridgeUpdateAppliesToNewConnections(t *testing.T) {
 	relay1, b, front := setup(t, nil, nil)
-	relay2 := newFakeRelay(t, nil)
+	relay2 := relaytest.New(t, nil)
 	old := mustDial(t, front, dialOpt{})
-	authenticate(t, old, goodCode)
+	relaytest.Authenticate(t, old, relaytest.GoodCode)
 
-	b.Update(relay2.baseURL(), "new-secret")
+	b.Update(relay2.URL, "new-secret")
 	c := mustDial(t, front, dialOpt{})
-	authenticate(t, c, goodCode)
-	if n := len(relay2.requests()); n != 1 {
+	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	if n := len(relay2.Requests()); n != 1 {
 		t.Fatalf("relay2 saw %d upgrades", n)
 	}
-	if got := relay2.lastRequest().Header.Get("X-Hermes-Proxy-Secret"); got != "new-secret" {
+	if got := relay2.LastRequest().Header.Get("X-Hermes-Proxy-Secret"); got != "new-secret" {
 		t.Fatalf("new secret not applied: %q", got)
 	}
 	// The established connection still talks to relay1.
@@ -453,14 +455,14 @@ func TestBridgeUpdateAppliesToNewConnections(t *testing.T) {
 	if _, msg, err := readMsg(t, old); err != nil || string(msg) != "still here" {
 		t.Fatalf("old connection: %q %v", msg, err)
 	}
-	if n := len(relay1.requests()); n != 1 {
+	if n := len(relay1.Requests()); n != 1 {
 		t.Fatalf("relay1 saw %d upgrades", n)
 	}
 	// An invalid reload keeps the previous upstream.
 	b.Update(nil, "")
 	c3 := mustDial(t, front, dialOpt{})
-	authenticate(t, c3, goodCode)
-	if n := len(relay2.requests()); n != 2 {
+	relaytest.Authenticate(t, c3, relaytest.GoodCode)
+	if n := len(relay2.Requests()); n != 2 {
 		t.Fatalf("after invalid Update relay2 saw %d upgrades, want 2", n)
 	}
 }
@@ -499,7 +501,7 @@ func (h *recordingHandoff) snapshot() (int, []byte, []byte, bool) {
 }
 
 func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
-	relay := newFakeRelay(t, nil)
+	relay := relaytest.New(t, nil)
 	hook := &recordingHandoff{}
 	o := testOptions(t, relay)
 	o.Handoff = hook
@@ -509,7 +511,7 @@ func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
 
 	// Direct connection: never handed off, even with Handoff configured.
 	d := mustDial(t, directFront, dialOpt{})
-	if got := authenticate(t, d, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, d, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("direct client got %s", got)
 	}
 	if calls, _, _, _ := hook.snapshot(); calls != 0 {
@@ -517,17 +519,17 @@ func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
 	}
 
 	c := mustDial(t, brokerFront, dialOpt{})
-	got := authenticate(t, c, goodCode)
+	got := relaytest.Authenticate(t, c, relaytest.GoodCode)
 	if !strings.Contains(got, routeMark) {
 		t.Fatalf("broker client got %s, want the handed-off auth.ok", got)
 	}
 	calls, clientAuth, authOK, hadDeadline := hook.snapshot()
-	if calls != 1 || !bytes.Equal(clientAuth, authFrame(goodCode)) || string(authOK) != authOKMsg || !hadDeadline {
+	if calls != 1 || !bytes.Equal(clientAuth, relaytest.AuthFrame(relaytest.GoodCode)) || string(authOK) != relaytest.AuthOKMsg || !hadDeadline {
 		t.Fatalf("handoff: calls %d clientAuth %s authOK %s deadline %v", calls, clientAuth, authOK, hadDeadline)
 	}
 	// A later auth.ok-looking message (echoed) is not handed off again.
-	send(t, c, websocket.MessageText, []byte(authOKMsg))
-	if _, msg, err := readMsg(t, c); err != nil || string(msg) != authOKMsg {
+	send(t, c, websocket.MessageText, []byte(relaytest.AuthOKMsg))
+	if _, msg, err := readMsg(t, c); err != nil || string(msg) != relaytest.AuthOKMsg {
 		t.Fatalf("second auth.ok: %s %v", msg, err)
 	}
 	if calls, _, _, _ := hook.snapshot(); calls != 1 {
@@ -536,7 +538,7 @@ func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
 }
 
 func TestBridgeHandoffTimeoutForwardsUnchanged(t *testing.T) {
-	relay := newFakeRelay(t, nil)
+	relay := relaytest.New(t, nil)
 	hook := &recordingHandoff{block: true}
 	o := testOptions(t, relay)
 	o.Handoff = hook
@@ -544,7 +546,7 @@ func TestBridgeHandoffTimeoutForwardsUnchanged(t *testing.T) {
 	b := newBridge(t, o)
 	front := frontFor(t, b, true)
 	c := mustDial(t, front, dialOpt{})
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("got %s, want the Relay's auth.ok unchanged", got)
 	}
 	// Messages after the auth.ok still flow.
@@ -555,7 +557,7 @@ func TestBridgeHandoffTimeoutForwardsUnchanged(t *testing.T) {
 }
 
 func TestBridgeHandoffNotCalledOnAuthFail(t *testing.T) {
-	relay := newFakeRelay(t, nil)
+	relay := relaytest.New(t, nil)
 	hook := &recordingHandoff{}
 	o := testOptions(t, relay)
 	o.Handoff = hook
@@ -568,7 +570,7 @@ func TestBridgeHandoffNotCalledOnAuthFail(t *testing.T) {
 }
 
 func TestBridgeBrokerConnectionsCountAsReach(t *testing.T) {
-	relay := newFakeRelay(t, nil)
+	relay := relaytest.New(t, nil)
 	b := newBridge(t, testOptions(t, relay))
 	brokerFront := frontFor(t, b, true)
 	directFront := frontFor(t, b, false)
@@ -584,7 +586,7 @@ func TestBridgeBrokerConnectionsCountAsReach(t *testing.T) {
 	}
 	// The same IP connecting directly is a different source.
 	c := mustDial(t, directFront, dialOpt{localIP: "127.0.0.1"})
-	if got := authenticate(t, c, goodCode); got != authOKMsg {
+	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
 		t.Fatalf("direct client got %s", got)
 	}
 }
@@ -598,30 +600,30 @@ func TestBridgeDropsPeerWithoutPong(t *testing.T) {
 			o.HandoffTimeout = 400 * time.Millisecond
 		})
 		c := mustDial(t, front, dialOpt{noPong: true})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		_, _, err := readMsg(t, c) // keeps reading so pings arrive (and go unanswered)
 		if errors.Is(err, context.DeadlineExceeded) {
 			t.Fatal("the bridge never dropped the client that does not answer pings")
 		}
-		if got := closeOf(err).code; got != -1 {
+		if got := relaytest.EndOf(err).Code; got != -1 {
 			t.Fatalf("dead client got close %d, want the connection dropped", got)
 		}
-		if got := relay.nextClose().code; got != websocket.StatusNoStatusRcvd {
+		if got := relay.NextEnd().Code; got != websocket.StatusNoStatusRcvd {
 			t.Fatalf("relay saw %d, want a close without status", got)
 		}
 		waitFor(t, "session gone", func() bool { return b.Active() == 0 })
 	})
 	t.Run("relay", func(t *testing.T) {
-		_, b, front := setup(t, func(f *fakeRelay) { f.noPong = true }, func(o *Options) {
+		_, b, front := setup(t, func(f *relaytest.Relay) { f.NoPong = true }, func(o *Options) {
 			o.PingInterval = 50 * time.Millisecond
 			o.PongTimeout = 500 * time.Millisecond
 			o.WriteTimeout = 400 * time.Millisecond
 			o.HandoffTimeout = 400 * time.Millisecond
 		})
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		_, _, err := readMsg(t, c)
-		if got := closeOf(err).code; got != websocket.StatusNoStatusRcvd {
+		if got := relaytest.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
 			t.Fatalf("client got %v, want a close without status", err)
 		}
 		waitFor(t, "session gone", func() bool { return b.Active() == 0 })
@@ -634,7 +636,7 @@ func TestBridgeDropsPeerWithoutPong(t *testing.T) {
 			o.HandoffTimeout = 2 * time.Second
 		})
 		c := mustDial(t, front, dialOpt{})
-		authenticate(t, c, goodCode)
+		relaytest.Authenticate(t, c, relaytest.GoodCode)
 		for i := range 10 {
 			time.Sleep(30 * time.Millisecond) // several ping rounds between messages
 			send(t, c, websocket.MessageText, []byte("ping-round"))

@@ -3,12 +3,14 @@ package relay
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 func TestClassify(t *testing.T) {
 	for in, want := range map[string]verdict{
-		authOKMsg:                                                  verdictAuthOK,
-		authFailMsg:                                                verdictAuthFail,
+		relaytest.AuthOKMsg:                                        verdictAuthOK,
+		relaytest.AuthFailMsg:                                      verdictAuthFail,
 		`{"type":"auth.ok","channel":"system"}`:                    verdictAuthOK,
 		`{"channel":"system","type":"auth"}`:                       verdictNone,
 		`{"channel":"chat","type":"auth.ok"}`:                      verdictNone,
@@ -39,7 +41,7 @@ func TestClassify(t *testing.T) {
 // the same rule (generic decoding) and that it never panics.
 func FuzzClassify(f *testing.F) {
 	for _, s := range []string{
-		authOKMsg, authFailMsg, string(authFrame("ABC123")),
+		relaytest.AuthOKMsg, relaytest.AuthFailMsg, string(relaytest.AuthFrame("ABC123")),
 		`{"channel":"system","type":"auth.ok","type":"x"}`,
 		`{"Channel":"system","type":"auth.ok"}`,
 		`{"channel":"system","type":"auth\u002efail"}`,

@@ -2,9 +2,9 @@ package relay
 
 import (
 	"context"
-	"net"
 	"net/http"
-	"net/netip"
+
+	"github.com/hermes-securelink/securelink/proxy/policy"
 )
 
 type brokerStreamKey struct{}
@@ -43,7 +43,7 @@ func SourceOf(r *http.Request) string {
 	if FromBrokerStream(r.Context()) {
 		return SourceReach
 	}
-	addr, ok := remoteAddr(r.RemoteAddr)
+	addr, ok := policy.ClientAddr(r.RemoteAddr)
 	if !ok {
 		return sourceUnknown
 	}
@@ -65,26 +65,9 @@ func peerOf(r *http.Request) string {
 	if FromBrokerStream(r.Context()) {
 		return SourceReach
 	}
-	addr, ok := remoteAddr(r.RemoteAddr)
+	addr, ok := policy.ClientAddr(r.RemoteAddr)
 	if !ok {
 		return sourceUnknown
 	}
 	return addr.String()
-}
-
-// remoteAddr parses an http.Request.RemoteAddr ("ip:port", "[v6%zone]:port")
-// into an unmapped address without zone.
-func remoteAddr(s string) (netip.Addr, bool) {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap().WithZone(""), true
-	}
-	host := s
-	if h, _, err := net.SplitHostPort(s); err == nil {
-		host = h
-	}
-	a, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	return a.Unmap().WithZone(""), true
 }

@@ -5,6 +5,8 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"testing"
+
+	"github.com/hermes-securelink/securelink/proxy/policy"
 )
 
 func TestSourceOf(t *testing.T) {
@@ -87,7 +89,7 @@ func FuzzSourceOf(f *testing.F) {
 		if p != p.Masked() || (p.Addr().Is4() && p.Bits() != 32) || (p.Addr().Is6() && p.Bits() != 64) {
 			t.Fatalf("SourceOf(%q) = %q", remote, got)
 		}
-		a, ok := remoteAddr(remote)
+		a, ok := policy.ClientAddr(remote)
 		if !ok || !p.Contains(a) {
 			t.Fatalf("SourceOf(%q) = %q does not contain %v", remote, got, a)
 		}

@@ -82,16 +82,25 @@ func getAll(h http.Header, name string) []string {
 	return out
 }
 
-// stripHopByHop removes the hop-by-hop headers and every header the
-// Connection header names ("Connection: X-Secret" removes X-Secret). It is
-// done here and not left to ReverseProxy so the policy holds wherever the
-// header map came from.
-func stripHopByHop(h http.Header) {
-	named := map[string]struct{}{}
-	for _, v := range getAll(h, "Connection") {
-		for _, tok := range strings.Split(v, ",") {
-			if tok = textproto.TrimString(tok); tok != "" {
-				named[textproto.CanonicalMIMEHeaderKey(tok)] = struct{}{}
+// StripHopByHop removes the hop-by-hop headers and every header the
+// Connection header names ("Connection: X-Secret" removes X-Secret), in
+// either direction. It is done here and not left to ReverseProxy so the
+// policy holds wherever the header map came from; the proxy's direct path
+// applies it to upstream responses too.
+func StripHopByHop(h http.Header) {
+	var named map[string]struct{} // only allocated when Connection names something
+	for k, vs := range h {
+		if textproto.CanonicalMIMEHeaderKey(k) != "Connection" {
+			continue
+		}
+		for _, v := range vs {
+			for tok := range strings.SplitSeq(v, ",") {
+				if tok = textproto.TrimString(tok); tok != "" {
+					if named == nil {
+						named = map[string]struct{}{}
+					}
+					named[textproto.CanonicalMIMEHeaderKey(tok)] = struct{}{}
+				}
 			}
 		}
 	}
@@ -123,8 +132,9 @@ func IsWebSocketUpgrade(h http.Header) bool {
 //   - NSDashboard: Authorization is dropped (so an API key never reaches the
 //     Dashboard); Cookie passes; X-Forwarded-Prefix "/dashboard",
 //     X-Forwarded-Proto "https", X-Forwarded-Host authority and
-//     X-Forwarded-For clientIP are set. clientIP may be "ip" or "ip:port"; if
-//     it is not an address X-Forwarded-For is left out rather than invented.
+//     X-Forwarded-For clientIP are set. clientIP may be "ip" or "ip:port" (a
+//     Request.RemoteAddr, see ClientAddr); if it is not an address
+//     X-Forwarded-For is left out rather than invented.
 //   - NSRelay: only Origin, Sec-WebSocket-Protocol and User-Agent survive.
 //     X-Hermes-Proxy-Secret / X-Hermes-Proxy-Peer are never added here: the
 //     /relay/ws bridge sets them itself, after this call, when
@@ -137,7 +147,7 @@ func IsWebSocketUpgrade(h http.Header) bool {
 // ReverseProxy compares the outgoing Upgrade with the upstream's 101
 // response, so they must be present when Rewrite returns.
 func RequestHeaders(ns Namespace, h http.Header, authority string, clientIP string, upgrade bool) {
-	stripHopByHop(h)
+	StripHopByHop(h)
 	deleteWhere(h, func(c string) bool {
 		_, internal := internalSet[c]
 		return internal || isSpoofable(c)
@@ -152,8 +162,8 @@ func RequestHeaders(ns Namespace, h http.Header, authority string, clientIP stri
 		if authority != "" {
 			h.Set("X-Forwarded-Host", authority)
 		}
-		if ip, ok := normalizeClientIP(clientIP); ok {
-			h.Set("X-Forwarded-For", ip)
+		if ip, ok := ClientAddr(clientIP); ok {
+			h.Set("X-Forwarded-For", ip.String())
 		}
 	case NSRelay:
 		deleteWhere(h, func(c string) bool {
@@ -171,14 +181,19 @@ func RequestHeaders(ns Namespace, h http.Header, authority string, clientIP stri
 	}
 }
 
-func normalizeClientIP(s string) (string, bool) {
+// ClientAddr parses a client address as net/http reports it in
+// Request.RemoteAddr ("ip:port", "[v6%zone]:port") or a bare IP, into an
+// unmapped address without zone: the one form both X-Forwarded-For and the
+// /relay limiter's sources are derived from. Anything else (a broker
+// stream's synthetic address) is not an address.
+func ClientAddr(s string) (netip.Addr, bool) {
 	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap().WithZone("").String(), true
+		return ap.Addr().Unmap().WithZone(""), true
 	}
 	if a, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
-		return a.Unmap().WithZone("").String(), true
+		return a.Unmap().WithZone(""), true
 	}
-	return "", false
+	return netip.Addr{}, false
 }
 
 // ResponseHeaders applies the response side of the table to an upstream

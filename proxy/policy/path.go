@@ -111,14 +111,13 @@ func CheckRawPath(raw string) error {
 			i += 2
 		}
 	}
-	// The first element is the empty string before the leading slash and the
-	// last one may be empty (trailing slash); any other empty one is "//".
-	segs := strings.Split(raw, "/")
-	for i, s := range segs {
-		if i == 0 {
-			continue
-		}
-		if s == "" && i != len(segs)-1 {
+	// Segment by segment after the leading slash, without allocating (this
+	// runs on every /api and /dashboard request). The last segment may be
+	// empty (a trailing slash); any other empty one is "//".
+	rest := raw[1:]
+	for {
+		s, after, more := strings.Cut(rest, "/")
+		if s == "" && more {
 			return unsafe("empty segment")
 		}
 		if param := strings.IndexByte(s, ';'); param >= 0 {
@@ -127,6 +126,10 @@ func CheckRawPath(raw string) error {
 		if s == "." || s == ".." {
 			return unsafe("dot segment")
 		}
+		if !more {
+			break
+		}
+		rest = after
 	}
 	return nil
 }

@@ -6,11 +6,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
+
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
 )
 
 // QR secret file: the Relay creates 32 random bytes at mode 0600 and accepts
@@ -125,25 +125,9 @@ func (e *LooseModeError) Error() string {
 // fs.ErrNotExist. When the file is readable but group/other-accessible,
 // the secret is returned along with a *LooseModeError.
 func LoadQRSecret(path string) ([]byte, error) {
-	// O_NONBLOCK keeps a FIFO planted at the path from hanging the open.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	data, fi, err := atomicfile.ReadPrivate(path, maxQRSecretBytes, 0)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxQRSecretBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(data) > maxQRSecretBytes {
-		return nil, fmt.Errorf("%s is larger than %d bytes; not a QR secret", path, maxQRSecretBytes)
 	}
 	if len(data) < MinQRSecretBytes {
 		return nil, fmt.Errorf("%s has %d bytes, fewer than %d: the Relay will replace it, so nothing signed with it can verify",

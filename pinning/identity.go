@@ -15,7 +15,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/netip"
@@ -272,7 +271,7 @@ func Rotate(c IdentityConfig) (*Identity, error) {
 		return nil, err
 	}
 	path := IdentityPath(cc.StateDir)
-	old, err := readFileBounded(path)
+	old, _, err := readPEM(path, 0)
 	switch {
 	case err == nil:
 		if err := writeBackup(cc.StateDir, old, cc.Now()); err != nil {
@@ -339,25 +338,10 @@ func loadSelfSigned(dir string) (*Identity, error) {
 		return nil, fmt.Errorf("state directory %s has mode %04o; it holds the private key and must be 0700 (chmod 700 %s)", dir, p, dir)
 	}
 	path := IdentityPath(dir)
-	f, err := os.Open(path)
+	data, fi, err := readPEM(path, 0o077)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w at %s; `securelink pin` creates one", ErrNoIdentity, path)
 	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if p := fi.Mode().Perm(); p&0o077 != 0 {
-		return nil, fmt.Errorf("%s has mode %04o; a private key must be readable by its owner only (chmod 600 %s)", path, p, path)
-	}
-	data, err := readPEMFile(f, path)
 	if err != nil {
 		return nil, err
 	}
@@ -382,41 +366,19 @@ func loadSelfSigned(dir string) (*Identity, error) {
 
 func loadFiles(certFile, keyFile string) (*Identity, error) {
 	var warnings []string
-	kf, err := os.Open(keyFile)
+	// 0640 with a dedicated group (ssl-cert) is a common setup for keys
+	// several services share: warn about it, refuse access by others.
+	keyPEM, ki, err := readPEM(keyFile, 0o007)
 	if err != nil {
 		return nil, fmt.Errorf("tls.key_file: %w", err)
 	}
-	defer kf.Close()
-	ki, err := kf.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("tls.key_file: %w", err)
-	}
-	if !ki.Mode().IsRegular() {
-		return nil, fmt.Errorf("tls.key_file %s is not a regular file", keyFile)
-	}
-	if p := ki.Mode().Perm(); p&0o007 != 0 {
-		return nil, fmt.Errorf("tls.key_file %s has mode %04o: other users can access the private key; chmod o-rwx %s (0600, or 0640 with a dedicated group)",
-			keyFile, p, keyFile)
-	} else if p&0o070 != 0 {
+	if p := ki.Mode().Perm(); p&0o070 != 0 {
 		warnings = append(warnings, fmt.Sprintf("tls.key_file %s has mode %04o: members of its group can read the private key; fine for a dedicated group such as ssl-cert, otherwise chmod 600 %s",
 			keyFile, p, keyFile))
 	}
-	keyPEM, err := readPEMFile(kf, keyFile)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := os.Open(certFile)
+	certPEM, ci, err := readPEM(certFile, 0)
 	if err != nil {
 		return nil, fmt.Errorf("tls.cert_file: %w", err)
-	}
-	defer cf.Close()
-	ci, err := cf.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("tls.cert_file: %w", err)
-	}
-	certPEM, err := readPEMFile(cf, certFile)
-	if err != nil {
-		return nil, err
 	}
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
@@ -642,22 +604,8 @@ func Backups(stateDir string) ([]string, error) {
 	return out, nil
 }
 
-func readFileBounded(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return readPEMFile(f, path)
-}
-
-func readPEMFile(r io.Reader, name string) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, maxPEMFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	if len(b) > maxPEMFile {
-		return nil, fmt.Errorf("%s is larger than %d bytes; it is not a certificate or key file", name, maxPEMFile)
-	}
-	return b, nil
+// readPEM reads an identity, certificate or key file, bounded by
+// maxPEMFile, refusing the permission bits in deny.
+func readPEM(path string, deny os.FileMode) ([]byte, os.FileInfo, error) {
+	return atomicfile.ReadPrivate(path, maxPEMFile, deny)
 }

@@ -3,7 +3,6 @@ package pinning
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -110,17 +109,12 @@ func ResolveAuthority(o ResolveOptions) (ResolvedAuthority, error) {
 }
 
 func readRemembered(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
+	b, _, err := atomicfile.ReadPrivate(path, maxAuthorityFile, 0)
+	if errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxAuthorityFile+1))
 	if err != nil {
-		return "", fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(b) > maxAuthorityFile {
-		return "", fmt.Errorf("%s is too large to hold a host name; remove it to detect again, or set `advertise`", path)
+		return "", fmt.Errorf("%w; remove it to detect again, or set `advertise`", err)
 	}
 	host, err := NormalizeHost(strings.TrimSpace(string(b)))
 	if err != nil {

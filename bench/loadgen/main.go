@@ -47,60 +47,56 @@ const (
 	clkTck        = 100 // USER_HZ on Linux; /proc/<pid>/stat times are in these ticks
 )
 
+// command is one subcommand: its name, its usage lines and its entry point.
+type command struct {
+	name, usage string
+	run         func(args []string) error
+}
+
+// commands is a function, not a variable: usage refers to it, and main's
+// dispatch refers to usage.
+func commands() []command {
+	return []command{
+		{"upstream", "-listen ADDR            fake Relay/API upstream: /small /big /sink /health /ws", cmdUpstream},
+		{"proc", "-pids P[,P]             print cpu_us and rss_kib of the processes and descendants", cmdProc},
+		{"freeports", "-n N                    print N free loopback TCP ports", cmdFreePorts},
+		{"waitport", "-addr ADDR -timeout D   wait until ADDR accepts TCP", cmdWaitPort},
+		{"get", "-url HTTPS -pin PIN     one pinned GET: print status and body length", cmdGet},
+		{"handshakes", "-addr ADDR -pin PIN     fresh TLS handshakes per second", cmdHandshakes},
+		{"echo", "-url WSS -pin PIN       WebSocket echo round trips\n" +
+			"             (-reach CRED -ca-file PEM: the WebSocket goes through the broker)", cmdEcho},
+		{"idle", "-url WSS -pin PIN       RSS increase for idle WebSockets", cmdIdle},
+		{"xfer", "-mode download|upload -addr ADDR -pin PIN [-reach CRED -ca-file PEM]\n" +
+			"                                     single-stream MB/s, direct or through a broker", cmdXfer},
+		{"reach-route", "-admin SOCK -addr ADDR -pin PIN -ca-file PEM -out CRED\n" +
+			"                                     bootstrap -> /relay/ws via broker -> route credential", cmdReachRoute},
+		{"reach-idle", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER\n" +
+			"                                     broker RSS per idle host and per idle stream", cmdReachIdle},
+	}
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		usage()
 	}
-	var err error
-	switch os.Args[1] {
-	case "upstream":
-		err = cmdUpstream(os.Args[2:])
-	case "proc":
-		err = cmdProc(os.Args[2:])
-	case "freeports":
-		err = cmdFreePorts(os.Args[2:])
-	case "waitport":
-		err = cmdWaitPort(os.Args[2:])
-	case "get":
-		err = cmdGet(os.Args[2:])
-	case "handshakes":
-		err = cmdHandshakes(os.Args[2:])
-	case "echo":
-		err = cmdEcho(os.Args[2:])
-	case "idle":
-		err = cmdIdle(os.Args[2:])
-	case "xfer":
-		err = cmdXfer(os.Args[2:])
-	case "reach-route":
-		err = cmdReachRoute(os.Args[2:])
-	case "reach-idle":
-		err = cmdReachIdle(os.Args[2:])
-	default:
-		usage()
+	for _, c := range commands() {
+		if c.name != os.Args[1] {
+			continue
+		}
+		if err := c.run(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "loadgen %s: %v\n", c.name, err)
+			os.Exit(1)
+		}
+		return
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "loadgen %s: %v\n", os.Args[1], err)
-		os.Exit(1)
-	}
+	usage()
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, `usage: loadgen <command> [flags]
-  upstream   -listen ADDR            fake Relay/API upstream: /small /big /sink /health /ws
-  proc       -pids P[,P]             print cpu_us and rss_kib of the processes and descendants
-  freeports  -n N                    print N free loopback TCP ports
-  waitport   -addr ADDR -timeout D   wait until ADDR accepts TCP
-  get        -url HTTPS -pin PIN     one pinned GET: print status and body length
-  handshakes -addr ADDR -pin PIN     fresh TLS handshakes per second
-  echo       -url WSS -pin PIN       WebSocket echo round trips
-  idle       -url WSS -pin PIN       RSS increase for idle WebSockets
-  xfer       -mode download|upload -addr ADDR -pin PIN [-reach CRED -ca-file PEM]
-                                     single-stream MB/s, direct or through a broker
-  reach-route -admin SOCK -addr ADDR -pin PIN -ca-file PEM -out CRED
-                                     bootstrap -> /relay/ws via broker -> route credential
-  reach-idle -broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER
-                                     broker RSS per idle host and per idle stream
-  (echo also takes -reach CRED -ca-file PEM: the WebSocket goes through the broker)`)
+	fmt.Fprintln(os.Stderr, "usage: loadgen <command> [flags]")
+	for _, c := range commands() {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", c.name, c.usage)
+	}
 	os.Exit(2)
 }
 
@@ -428,6 +424,28 @@ type cpuMeter struct {
 	start procSample
 }
 
+// window is the measured-run flags handshakes, echo and xfer share: an
+// unmeasured warm-up, then a measured duration with the server's CPU read
+// at its edges.
+type window struct {
+	dur, warm time.Duration
+	pids      string
+}
+
+func (w *window) flags(fs *flag.FlagSet, warmup time.Duration, pidsUsage string) {
+	fs.DurationVar(&w.dur, "duration", 10*time.Second, "measured window")
+	fs.DurationVar(&w.warm, "warmup", warmup, "unmeasured warm-up")
+	fs.StringVar(&w.pids, "pids", "", pidsUsage)
+}
+
+// meter checks the window's bounds and opens the CPU meter on its pids.
+func (w *window) meter() (*cpuMeter, error) {
+	if w.dur <= 0 || w.dur > maxDuration || w.warm < 0 || w.warm > maxDuration {
+		return nil, errors.New("bad -duration/-warmup")
+	}
+	return newCPUMeter(w.pids)
+}
+
 func newCPUMeter(pids string) (*cpuMeter, error) {
 	if pids == "" {
 		return nil, nil
@@ -603,21 +621,20 @@ func cmdHandshakes(args []string) error {
 	addr := fs.String("addr", "", "server host:port")
 	pin := fs.String("pin", "", "sha256/<b64> SPKI pin of the server")
 	conns := fs.Int("conns", 16, "concurrent handshake loops")
-	dur := fs.Duration("duration", 10*time.Second, "measured window")
-	warm := fs.Duration("warmup", time.Second, "unmeasured warm-up")
-	pids := fs.String("pids", "", "server pids for CPU accounting")
+	var win window
+	win.flags(fs, time.Second, "server pids for CPU accounting")
 	fs.Parse(args)
 	if err := loopbackOnly(*addr); err != nil {
 		return err
 	}
-	if *conns < 1 || *conns > maxConns || *dur <= 0 || *dur > maxDuration || *warm < 0 || *warm > maxDuration {
-		return errors.New("bad -conns/-duration/-warmup")
+	if *conns < 1 || *conns > maxConns {
+		return errors.New("bad -conns")
 	}
 	cfg, err := clientTLS(*pin, []string{"http/1.1"})
 	if err != nil {
 		return err
 	}
-	meter, err := newCPUMeter(*pids)
+	meter, err := win.meter()
 	if err != nil {
 		return err
 	}
@@ -652,7 +669,7 @@ func cmdHandshakes(args []string) error {
 			}
 		}()
 	}
-	time.Sleep(*warm)
+	time.Sleep(win.warm)
 	if err := meter.begin(); err != nil {
 		close(stop)
 		wg.Wait()
@@ -660,7 +677,7 @@ func cmdHandshakes(args []string) error {
 	}
 	counting.Store(true)
 	t0 := time.Now()
-	time.Sleep(*dur)
+	time.Sleep(win.dur)
 	counting.Store(false)
 	secs := time.Since(t0).Seconds()
 	cpu, err := meter.end()
@@ -763,9 +780,8 @@ func cmdEcho(args []string) error {
 	pin := fs.String("pin", "", "sha256/<b64> SPKI pin of the server")
 	conns := fs.Int("conns", 1, "connections, one message in flight each")
 	size := fs.Int("size", 1024, "message size in bytes")
-	dur := fs.Duration("duration", 10*time.Second, "measured window")
-	warm := fs.Duration("warmup", time.Second, "unmeasured warm-up")
-	pids := fs.String("pids", "", "server pids for CPU accounting")
+	var win window
+	win.flags(fs, time.Second, "server pids for CPU accounting")
 	credPath := fs.String("reach", "", "credential file: each connection is a broker stream")
 	caFile := fs.String("ca-file", "", "the broker's certificate (with -reach)")
 	watch := fs.String("watch", "", "more processes to report CPU of: name=pid[,name=pid]")
@@ -784,18 +800,18 @@ func cmdEcho(args []string) error {
 			return err
 		}
 	}
-	if *conns < 1 || *conns > maxConns || *size < 1 || *size > maxMessage || *dur <= 0 || *dur > maxDuration || *warm < 0 || *warm > maxDuration {
-		return errors.New("bad -conns/-size/-duration/-warmup")
+	if *conns < 1 || *conns > maxConns || *size < 1 || *size > maxMessage {
+		return errors.New("bad -conns/-size")
 	}
 	cfg, err := clientTLS(*pin, []string{"http/1.1"})
 	if err != nil {
 		return err
 	}
-	meter, err := newCPUMeter(*pids)
+	meter, err := win.meter()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *warm+*dur+time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), win.warm+win.dur+time.Minute)
 	defer cancel()
 	cs := make([]*websocket.Conn, 0, *conns)
 	defer func() {
@@ -874,7 +890,7 @@ func cmdEcho(args []string) error {
 			}
 		}(c)
 	}
-	time.Sleep(*warm)
+	time.Sleep(win.warm)
 	if err := meter.begin(); err != nil {
 		stopping.Store(true)
 		cancel()
@@ -885,7 +901,7 @@ func cmdEcho(args []string) error {
 	self0 := selfCPUMicros()
 	counting.Store(true)
 	t0 := time.Now()
-	time.Sleep(*dur)
+	time.Sleep(win.dur)
 	counting.Store(false)
 	secs := time.Since(t0).Seconds()
 	self1 := selfCPUMicros()

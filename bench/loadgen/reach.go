@@ -516,9 +516,8 @@ func cmdXfer(args []string) error {
 	caFile := fs.String("ca-file", "", "the broker's certificate (with -reach)")
 	path := fs.String("path", "", "default /api/big (download) or /api/sink (upload)")
 	size := fs.Int("size", 8<<20, "upload body size in bytes")
-	dur := fs.Duration("duration", 10*time.Second, "measured window")
-	warm := fs.Duration("warmup", 2*time.Second, "unmeasured warm-up")
-	pids := fs.String("pids", "", "server pids for CPU accounting (the broker)")
+	var win window
+	win.flags(fs, 2*time.Second, "server pids for CPU accounting (the broker)")
 	watch := fs.String("watch", "", "more processes to report CPU of: name=pid[,name=pid]")
 	fs.Parse(args)
 	if *mode != "download" && *mode != "upload" {
@@ -530,14 +529,14 @@ func cmdXfer(args []string) error {
 	if !strings.HasPrefix(*path, "/") || strings.ContainsAny(*path, " \r\n") {
 		return errors.New("bad -path")
 	}
-	if *size < 1 || *size > maxXferSize || *dur <= 0 || *dur > maxDuration || *warm < 0 || *warm > maxDuration {
-		return errors.New("bad -size/-duration/-warmup")
+	if *size < 1 || *size > maxXferSize {
+		return errors.New("bad -size")
 	}
 	d, err := newFrontDialer(*addr, *pin, *credPath, *caFile)
 	if err != nil {
 		return err
 	}
-	meter, err := newCPUMeter(*pids)
+	meter, err := win.meter()
 	if err != nil {
 		return err
 	}
@@ -575,14 +574,14 @@ func cmdXfer(args []string) error {
 			done.Add(1)
 		}
 	}()
-	time.Sleep(*warm)
+	time.Sleep(win.warm)
 	if err := meter.begin(); err != nil {
 		return err
 	}
 	ws.begin()
 	self0 := selfCPUMicros()
 	b0, n0, t0 := moved.Load(), done.Load(), time.Now()
-	time.Sleep(*dur)
+	time.Sleep(win.dur)
 	b1, n1, secs := moved.Load(), done.Load(), time.Since(t0).Seconds()
 	self1 := selfCPUMicros()
 	cpu, cerr := meter.end()

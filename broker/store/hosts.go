@@ -193,31 +193,10 @@ func editHosts(path string, create bool, edit func(Hosts) error) error {
 }
 
 // readPrivate reads at most max bytes of path, refusing a file that group
-// or others may write.
+// or others may write: whoever can write it can add a host or a route.
 func readPrivate(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if fi.Mode().Perm()&0o022 != 0 {
-		return nil, fmt.Errorf("%s has mode %04o; group or others may change it (chmod 600 %s)", path, fi.Mode().Perm(), path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > max {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
-	}
-	return data, nil
+	data, _, err := atomicfile.ReadPrivate(path, max, 0o022)
+	return data, err
 }
 
 // checkNoDuplicateKeys walks a JSON document and fails on an object with a

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -58,7 +57,7 @@ func brokerCommand() *cli.Command {
 						return err
 					}
 					if c.Bool("json") {
-						return json.NewEncoder(os.Stdout).Encode(map[string]string{"host_id": id, "host_token": string(tok)})
+						return printJSON(map[string]string{"host_id": id, "host_token": string(tok)})
 					}
 					fmt.Printf("host_id     %s\nhost_token  %s\n\nGive both to the host operator: reach.host_id in the host's config, and the token in the file named by reach.host_token_file (mode 0600). The token is not shown again; only its digest is stored. Reload the broker (SIGHUP) to accept the host.\n", id, string(tok))
 					return nil

@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/hermes-securelink/securelink/broker/client"
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
+	"github.com/hermes-securelink/securelink/internal/loopback"
 	"github.com/hermes-securelink/securelink/internal/trust"
 )
 
@@ -17,33 +18,38 @@ func connectCommand() *cli.Command {
 		Name:  "connect",
 		Usage: "client side of Reach: each local TCP connection becomes one broker stream carrying raw bytes (the local client does TLS with the pin)",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "candidate", Required: true, Usage: "`FILE` holding an outbound_broker candidate (JSON)"},
+			&cli.StringFlag{Name: "candidate", Required: true, Usage: "`FILE` holding an outbound_broker candidate (JSON); a bootstrap credential serves exactly one connection"},
 			&cli.StringFlag{Name: "listen", Required: true, Usage: "loopback `ADDR` to accept local connections on, e.g. 127.0.0.1:9555"},
 			&cli.StringFlag{Name: "ca-file", Usage: "extra CA `FILE` for the broker's TLS (private brokers, tests)"},
-			&cli.IntFlag{Name: "max-conns", Value: 4, Usage: "concurrent local connections (the broker allows 4 streams per route credential)"},
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug | info | warn | error"},
+			&cli.IntFlag{Name: "max-conns", Value: 4, Usage: "concurrent local connections `N` (a broker allows 4 streams per route credential by default)"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "`LEVEL`: debug | info | warn | error"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
 				return err
 			}
-			data, err := os.ReadFile(c.String("candidate"))
+			switch c.String("log-level") {
+			case "debug", "info", "warn", "error":
+			default:
+				return fmt.Errorf("--log-level %q is not one of debug, info, warn, error", c.String("log-level"))
+			}
+			// A candidate is at most 32 KiB (ParseCandidate's bound too).
+			data, _, err := atomicfile.ReadPrivate(c.String("candidate"), 32<<10, 0)
 			if err != nil {
-				return err
+				return fmt.Errorf("--candidate: %w", err)
 			}
 			cand, err := client.ParseCandidate(data)
 			if err != nil {
 				return fmt.Errorf("--candidate: %w", err)
 			}
-			ap, err := netip.ParseAddrPort(c.String("listen"))
-			if err != nil || !ap.Addr().IsLoopback() {
-				return fmt.Errorf("--listen must be a loopback address and port, e.g. 127.0.0.1:9555: raw broker streams must not be offered to the network")
+			if err := loopback.CheckListen(c.String("listen")); err != nil {
+				return fmt.Errorf("--listen: %w: raw broker streams must not be offered to the network", err)
 			}
 			pool, err := trust.BrokerRoots(c.String("ca-file"))
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", ap.String())
+			ln, err := net.Listen("tcp", c.String("listen"))
 			if err != nil {
 				return err
 			}

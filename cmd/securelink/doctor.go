@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -14,7 +13,7 @@ import (
 func doctorCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "doctor",
-		Usage: "check configuration, identity, permissions, upstreams, the daemon and the clock; one line per check with its fix",
+		Usage: "check configuration, identity, permissions, upstreams, the daemon, the clock and (with Reach) the broker without registering; one line per check with its fix, non-zero exit on a problem",
 		Flags: []cli.Flag{configFlag},
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
@@ -29,11 +28,7 @@ func doctorCommand() *cli.Command {
 					cfgErr = err
 				}
 			}
-			shown := path
-			if shown == "" {
-				shown = "(built-in defaults)"
-			}
-			fmt.Fprintf(os.Stderr, "securelink: config %s, state directory %s\n", shown, stateDir)
+			announce(path, stateDir)
 			rs := doctor.Run(c.Context, cfg, cfgErr, stateDir, doctor.Options{})
 			fmt.Print(doctor.Format(rs))
 			if doctor.Failed(rs) {

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bufio"
+	"context"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
@@ -10,177 +10,23 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/admin"
 )
-
-var binPath string
-
-// TestMain builds the real binary once: these tests drive it as an operator
-// would, as a subprocess with a config file, curl and signals.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "securelink-e2e-")
-	if err != nil {
-		panic(err)
-	}
-	binPath = filepath.Join(dir, "securelink")
-	out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-type daemonProc struct {
-	cmd    *exec.Cmd
-	addr   string
-	pin    string
-	stderr *syncWriter
-}
-
-func writeConfig(t *testing.T, dir, relayURL string) string {
-	t.Helper()
-	// A fixed free port, because `pin` (which runs without the daemon)
-	// derives the authority's port from the configuration.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cfg := fmt.Sprintf(`listen: "127.0.0.1:%d"
-advertise: "127.0.0.1"
-state_dir: %q
-upstreams:
-  relay: %q
-  api: "http://127.0.0.1:1"
-  dashboard: "http://127.0.0.1:1"
-log:
-  level: debug
-  format: json
-`, port, filepath.Join(dir, "state"), relayURL)
-	p := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-var listeningLine = regexp.MustCompile(`^listening (\S+) authority (\S+) pin (\S+)$`)
-
-func startDaemon(t *testing.T, cfgPath string) *daemonProc {
-	t.Helper()
-	cmd := exec.Command(binPath, "serve", "--config", cfgPath)
-	stderr := &syncWriter{b: &strings.Builder{}}
-	cmd.Stderr = stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemonProc{cmd: cmd, stderr: stderr}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			default:
-			}
-		}
-	}()
-	select {
-	case l := <-lines:
-		m := listeningLine.FindStringSubmatch(l)
-		if m == nil {
-			t.Fatalf("unexpected first line %q; stderr: %s", l, stderr.String())
-		}
-		d.addr, d.pin = m[1], m[3]
-	case <-time.After(20 * time.Second):
-		t.Fatalf("daemon did not come up; stderr: %s", stderr.String())
-	}
-	return d
-}
-
-// syncWriter lets the test read the daemon's stderr while it is written.
-type syncWriter struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
-func runCLI(t *testing.T, args ...string) (string, string, error) {
-	t.Helper()
-	cmd := exec.Command(binPath, args...)
-	var so, se strings.Builder
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	return so.String(), se.String(), err
-}
-
-func fakeRelay(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
-			w.Write([]byte(`{"status":"ok"}`))
-			return
-		}
-		http.NotFound(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-// pinnedGet fetches url over TLS verified exactly as the Hermes clients do.
-func pinnedGet(t *testing.T, addr, pin, path string) (*http.Response, error) {
-	t.Helper()
-	cfg, err := pinning.PinnedTLSConfig("127.0.0.1", pin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	return c.Get("https://" + addr + path)
-}
 
 func TestServeZeroConfigPinAndCurl(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("curl is required (scripts/ensure-test-deps.sh installs it)")
 	}
 	dir := t.TempDir()
-	relaySrv := fakeRelay(t)
+	relaySrv := echoRelay(t)
 	cfgPath := writeConfig(t, dir, relaySrv.URL)
 	d := startDaemon(t, cfgPath)
 
@@ -199,10 +45,16 @@ func TestServeZeroConfigPinAndCurl(t *testing.T) {
 		CertSHA   string `json:"cert_sha256"`
 		NotAfter  string `json:"not_after"`
 		SANs      []string
+		StateDir  string         `json:"state_dir"`
 		Candidate map[string]any `json:"candidate"`
 	}
 	if err := json.Unmarshal([]byte(so), &pj); err != nil {
 		t.Fatalf("pin --json output: %v\n%s", err, so)
+	}
+	// operations.md: the keys `pin --json` prints at least.
+	requireKeys(t, "pin --json", []byte(so), "authority", "url", "pin_sha256", "cert_sha256", "cert_der", "not_after", "sans", "state_dir", "candidate")
+	if pj.Authority != d.addr || pj.StateDir != filepath.Join(dir, "state") || len(pj.CertSHA) != 64 {
+		t.Fatalf("pin --json: authority %q, state_dir %q, cert_sha256 %q", pj.Authority, pj.StateDir, pj.CertSHA)
 	}
 	if pj.Pin != d.pin {
 		t.Fatalf("pin --json %s != served %s", pj.Pin, d.pin)
@@ -261,6 +113,18 @@ func TestServeZeroConfigPinAndCurl(t *testing.T) {
 	if err := json.Unmarshal([]byte(so), &st); err != nil || st["pin_sha256"] != d.pin {
 		t.Fatalf("status: %v %s", err, so)
 	}
+	// operations.md: GET /status and GET /identity carry these keys (the
+	// reach block's last_error and connected_since only once they are set).
+	requireKeys(t, "status", []byte(so), "version", "started_at", "config_file", "state_dir", "authority", "pin_sha256", "identity_changed_at", "upstreams", "reach")
+	stJSON, _ := json.Marshal(st["upstreams"])
+	requireKeys(t, "status upstreams", stJSON, "relay", "api", "dashboard")
+	stJSON, _ = json.Marshal(st["reach"])
+	requireKeys(t, "status reach", stJSON, "enabled", "state", "broker_url", "host_id", "active_streams", "completed_streams", "attempts")
+	var ident json.RawMessage
+	if _, err := admin.NewClient(filepath.Join(dir, "state", "admin.sock")).Do(context.Background(), http.MethodGet, "/identity", nil, &ident); err != nil {
+		t.Fatalf("GET /identity: %v", err)
+	}
+	requireKeys(t, "identity", ident, "authority", "url", "pin_sha256", "cert_der", "candidate")
 
 	// pin --remote sees what the daemon presents; --expect enforces it.
 	if so, se, err := runCLI(t, "pin", "--remote", "https://"+d.addr, "--expect", d.pin); err != nil || !strings.Contains(so, d.pin) {
@@ -286,7 +150,7 @@ func TestServeZeroConfigPinAndCurl(t *testing.T) {
 
 func TestRotateAndSIGHUP(t *testing.T) {
 	dir := t.TempDir()
-	cfgPath := writeConfig(t, dir, fakeRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
 	d := startDaemon(t, cfgPath)
 	oldPin := d.pin
 
@@ -305,13 +169,9 @@ func TestRotateAndSIGHUP(t *testing.T) {
 	if err != nil || !strings.Contains(se, "re-pair") || !strings.Contains(se, "securelink pair") {
 		t.Fatalf("rotate: %v %s", err, se)
 	}
-	so, _, _ = runCLI(t, "pin", "--json", "--config", cfgPath)
-	var pj struct {
-		Pin string `json:"pin_sha256"`
-	}
-	json.Unmarshal([]byte(so), &pj)
-	if pj.Pin == "" || pj.Pin == oldPin {
-		t.Fatalf("rotation did not change the pin: %q", pj.Pin)
+	newPin := configuredPin(t, cfgPath)
+	if newPin == oldPin {
+		t.Fatalf("rotation did not change the pin: %q", newPin)
 	}
 	// Until reload the daemon keeps serving the old identity: trust never
 	// changes behind the operator's back.
@@ -319,18 +179,16 @@ func TestRotateAndSIGHUP(t *testing.T) {
 		t.Fatalf("before SIGHUP the old identity must be served: %v", err)
 	}
 	d.cmd.Process.Signal(syscall.SIGHUP)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := pinnedGet(t, d.addr, pj.Pin, "/relay/health")
-		if err == nil {
+	var err2 error
+	eventually(t, 10*time.Second, func() string {
+		return fmt.Sprintf("new pin not served after SIGHUP: %v\n%s", err2, d.stderr.String())
+	}, func() bool {
+		var resp *http.Response
+		if resp, err2 = pinnedGet(t, d.addr, newPin, "/relay/health"); err2 == nil {
 			resp.Body.Close()
-			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("new pin not served after SIGHUP: %v\n%s", err, d.stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err2 == nil
+	})
 	if _, err := pinnedGet(t, d.addr, oldPin, "/relay/health"); err == nil {
 		t.Fatal("old pin still accepted after rotation + reload")
 	}
@@ -351,11 +209,55 @@ func TestServeRefusesUnsupportedAndBadConfig(t *testing.T) {
 	}
 }
 
-func TestStatusWithoutDaemon(t *testing.T) {
+// Commands that talk to the daemon fail clearly when none runs
+// (operations.md); pair's case is in pair_test.go.
+func TestStatusAndRevokeWithoutDaemon(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := writeConfig(t, dir, "http://127.0.0.1:1")
-	_, se, err := runCLI(t, "status", "--config", cfgPath)
-	if err == nil || !strings.Contains(se, "no securelink daemon") {
-		t.Fatalf("status without daemon: %v %s", err, se)
+	for _, args := range [][]string{
+		{"status", "--config", cfgPath},
+		{"revoke", "--config", cfgPath, "AAAAAAAAAAAAAAAAAAAAAA"},
+	} {
+		_, se, err := runCLI(t, args...)
+		if err == nil || !strings.Contains(se, "no securelink daemon") {
+			t.Fatalf("%s without daemon: %v %s", args[0], err, se)
+		}
+	}
+}
+
+// A SIGHUP after the listen address changed is reported and changes
+// nothing about the listener: the daemon keeps serving where it was.
+func TestReloadReportsListenChange(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	d := startDaemon(t, cfgPath)
+	b, _ := os.ReadFile(cfgPath)
+	_, port, _ := net.SplitHostPort(d.addr)
+	moved := strings.Replace(string(b), "127.0.0.1:"+port, fmt.Sprintf("127.0.0.1:%d", freePort(t)), 1)
+	if moved == string(b) {
+		t.Fatal("listen not found in config")
+	}
+	os.WriteFile(cfgPath, []byte(moved), 0o600)
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, 10*time.Second, func() string { return "no report of the listen change: " + d.stderr.String() }, func() bool {
+		return strings.Contains(d.stderr.String(), "a new listen address needs a restart")
+	})
+	resp, err := pinnedGet(t, d.addr, d.pin, "/relay/health")
+	if err != nil {
+		t.Fatalf("old listener after a reported listen change: %v", err)
+	}
+	resp.Body.Close()
+}
+
+func requireKeys(t *testing.T, what string, obj []byte, keys ...string) {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(obj, &m); err != nil {
+		t.Fatalf("%s: %v: %s", what, err, obj)
+	}
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s lacks %q: %s", what, k, obj)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +16,6 @@ import (
 	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/pairing"
-	"github.com/hermes-securelink/securelink/pinning"
 )
 
 // bootstrapTTL matches the pairing code's 10-minute life.
@@ -30,10 +28,10 @@ func pairCommand() *cli.Command {
 		Flags: []cli.Flag{
 			configFlag,
 			&cli.StringFlag{Name: "relay", Usage: "the Relay's loopback base `URL` (default: upstreams.relay)"},
-			&cli.StringFlag{Name: "ttl", Usage: "session lifetime (`DURATION`: seconds, or e.g. 30d, 12h; 0 = never)"},
-			&cli.StringFlag{Name: "grants", Usage: "per-channel lifetimes, e.g. `terminal=7d,bridge=1d`"},
+			&cli.StringFlag{Name: "ttl", Usage: "session lifetime `DURATION`: seconds, or units s m h d w (30d, 1d12h); 0 or never = no expiry (default: the Relay's)"},
+			&cli.StringFlag{Name: "grants", Usage: "per-channel lifetimes `SPEC`, e.g. terminal=7d,bridge=1d (sent to the Relay as seconds)"},
 			&cli.BoolFlag{Name: "no-reach", Usage: "leave the Reach (broker) route out of the QR"},
-			&cli.StringSliceFlag{Name: "lan", Usage: "add a plain LAN route `HOST[:API_PORT[:RELAY_PORT]]` (repeatable)"},
+			&cli.StringSliceFlag{Name: "lan", Usage: "add a plain (no TLS) LAN route `HOST[:API_PORT[:RELAY_PORT]]`, ports defaulting to 8642 and 8767 (repeatable)"},
 			&cli.StringFlag{Name: "dashboard-url", Usage: "Dashboard `URL` to put in the payload"},
 			&cli.BoolFlag{Name: "json", Usage: "print {payload, invite_url, code_expires_at, routes} as JSON"},
 			&cli.StringFlag{Name: "png", Usage: "also write the QR as a PNG to `FILE`"},
@@ -45,14 +43,6 @@ func pairCommand() *cli.Command {
 			return runPair(c)
 		},
 	}
-}
-
-type identityAnswer struct {
-	Authority string          `json:"authority"`
-	URL       string          `json:"url"`
-	PinSHA256 string          `json:"pin_sha256"`
-	CertDER   string          `json:"cert_der"`
-	Candidate json.RawMessage `json:"candidate"`
 }
 
 func runPair(c *cli.Context) error {
@@ -96,17 +86,14 @@ func runPair(c *cli.Context) error {
 
 	// 1. The identity the daemon serves right now — never a file it may not use.
 	cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
-	var ident identityAnswer
+	var ident identityJSON
 	if _, err := cl.Do(ctx, http.MethodGet, "/identity", nil, &ident); err != nil {
 		if errors.Is(err, admin.ErrNoDaemon) {
 			return fmt.Errorf("%w; start it (systemctl start securelink) before pairing", err)
 		}
 		return err
 	}
-	var cand pinning.Candidate
-	if err := json.Unmarshal(ident.Candidate, &cand); err != nil {
-		return fmt.Errorf("daemon's candidate: %w", err)
-	}
+	cand := ident.Candidate
 	if err := cand.Validate(); err != nil {
 		return fmt.Errorf("the daemon's candidate is not one clients accept: %w", err)
 	}
@@ -173,13 +160,9 @@ func runPair(c *cli.Context) error {
 			CodeExpiresAt int64           `json:"code_expires_at"`
 			Routes        []string        `json:"routes"`
 		}{json.RawMessage(resp.QRPayload), invite, resp.ExpiresAt, routes}
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(out); err != nil {
+		if err := printJSON(out); err != nil {
 			return err
 		}
-		os.Stdout.Write(buf.Bytes())
 	} else {
 		fmt.Printf("Hermes Secure Link pairing\n  authority   %s\n  pin         %s\n  code        expires %s (in %s)\n  routes\n",
 			ident.Authority, ident.PinSHA256, time.Unix(resp.ExpiresAt, 0).UTC().Format(time.RFC3339),
@@ -190,7 +173,7 @@ func runPair(c *cli.Context) error {
 		fmt.Printf("\nInvite URL (for devices that cannot scan):\n%s\n\n", invite)
 	}
 	if tooLarge {
-		return fmt.Errorf("%w", qrErr)
+		return qrErr
 	}
 	if p := c.String("png"); p != "" {
 		if err := pairing.WritePNG(p, resp.QRPayload); err != nil {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -75,10 +74,8 @@ func fakeMintRelay(t *testing.T, secret []byte, mutate func(eps []any) []any) *h
 func setupPair(t *testing.T, mutate func([]any) []any) (cfgPath string, d *daemonProc, hermesHome string) {
 	t.Helper()
 	dir := t.TempDir()
-	hermesHome = filepath.Join(dir, "hermes")
-	os.MkdirAll(hermesHome, 0o700)
 	secret := bytes.Repeat([]byte{7}, 32)
-	os.WriteFile(filepath.Join(hermesHome, "hermes-relay-qr-secret"), secret, 0o600)
+	hermesHome = newHermesHome(t, dir, secret)
 	relaySrv := fakeMintRelay(t, secret, mutate)
 	cfgPath = writeConfig(t, dir, relaySrv.URL)
 	d = startDaemon(t, cfgPath)
@@ -87,12 +84,7 @@ func setupPair(t *testing.T, mutate func([]any) []any) (cfgPath string, d *daemo
 
 func runPairCLI(t *testing.T, hermesHome, columns string, args ...string) (string, string, error) {
 	t.Helper()
-	cmd := exec.Command(binPath, append([]string{"pair"}, args...)...)
-	cmd.Env = append(os.Environ(), "HERMES_HOME="+hermesHome, "COLUMNS="+columns)
-	var so, se strings.Builder
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	return so.String(), se.String(), err
+	return runCLIEnv(t, []string{"HERMES_HOME=" + hermesHome, "COLUMNS=" + columns}, append([]string{"pair"}, args...)...)
 }
 
 func TestPairJSONCarriesTheServedPin(t *testing.T) {
@@ -231,5 +223,18 @@ func TestPairOversizeFailsWithSuggestion(t *testing.T) {
 	}
 	if !strings.Contains(so, "hermes-relay://pair?payload=") || strings.ContainsAny(so, "▀▄█") || !strings.Contains(se, "--no-reach") {
 		t.Fatalf("oversize: stdout:\n%s\nstderr:\n%s", so, se)
+	}
+}
+
+// pairing.md step 4: without a readable QR secret the signature cannot be
+// checked; pair warns and still prints the QR (the Relay signed it).
+func TestPairWarnsWhenQRSecretUnreadable(t *testing.T) {
+	cfgPath, d, _ := setupPair(t, nil)
+	so, se, err := runPairCLI(t, t.TempDir(), "200", "--config", cfgPath, "--json")
+	if err != nil {
+		t.Fatalf("pair without a readable QR secret: %v\n%s", err, se)
+	}
+	if !strings.Contains(se, "warning: cannot read the QR secret") || !strings.Contains(so, d.pin) {
+		t.Fatalf("want a warning and the payload; stdout %s\nstderr %s", so, se)
 	}
 }

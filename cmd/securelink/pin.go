@@ -79,14 +79,19 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 		fmt.Fprintln(os.Stderr, "warning:", w)
 	}
 	ic := e.identityConfig(ra.Authority)
+	// The identity being replaced, whatever names it was issued for.
+	var cur *pinning.Identity
+	var curErr error
+	if rotate {
+		old := ic
+		old.SkipNameCheck = true
+		cur, curErr = pinning.Load(old)
+	}
 	if rotate && !yes {
-		ic.SkipNameCheck = true
-		cur, err := pinning.Load(ic)
-		switch {
-		case err == nil:
+		if curErr == nil {
 			fmt.Printf("Rotation would replace the identity with pin %s for %s.\n", cur.Pin, ra.Authority)
-		default:
-			fmt.Printf("No usable identity yet (%v); rotation would create one for %s.\n", err, ra.Authority)
+		} else {
+			fmt.Printf("No usable identity yet (%v); rotation would create one for %s.\n", curErr, ra.Authority)
 		}
 		fmt.Println("Every paired client would have to re-pair. The current identity is kept as a backup (the last three are kept).")
 		fmt.Println("Run `securelink pin --rotate --yes` to do it.")
@@ -95,9 +100,7 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 	var id *pinning.Identity
 	var oldPin string
 	if rotate {
-		ic2 := ic
-		ic2.SkipNameCheck = true
-		if cur, err := pinning.Load(ic2); err == nil {
+		if curErr == nil {
 			oldPin = cur.Pin
 		}
 		id, err = pinning.Rotate(ic)
@@ -128,10 +131,7 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 		Candidate:  pinning.PluginProxyCandidate(ra.Authority, id),
 	}
 	if asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetEscapeHTML(false)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
+		if err := printJSON(out); err != nil {
 			return err
 		}
 	} else {
@@ -187,9 +187,7 @@ func pinRemote(ctx context.Context, rawURL, expect string, asJSON bool) error {
 		out.Matches = &ok
 	}
 	if asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
+		if err := printJSON(out); err != nil {
 			return err
 		}
 	} else {

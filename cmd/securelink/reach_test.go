@@ -1,21 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,58 +20,6 @@ import (
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
-
-// brokerCert writes a self-signed certificate for 127.0.0.1 (it is its own CA).
-func brokerCert(t *testing.T, dir string) (certFile, keyFile string) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "test broker"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalPKCS8PrivateKey(key)
-	certFile, keyFile = filepath.Join(dir, "broker.crt"), filepath.Join(dir, "broker.key")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600)
-	return certFile, keyFile
-}
-
-// startLineProc starts a command and waits for its first stdout line.
-func startLineProc(t *testing.T, prefix string, args ...string) (*exec.Cmd, string, *syncWriter) {
-	t.Helper()
-	cmd := exec.Command(binPath, args...)
-	stderr := &syncWriter{b: &strings.Builder{}}
-	cmd.Stderr = stderr
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			select {
-			case line <- sc.Text():
-			default:
-			}
-		}
-	}()
-	select {
-	case l := <-line:
-		if !strings.HasPrefix(l, prefix) {
-			t.Fatalf("%v: first line %q; stderr: %s", args, l, stderr.String())
-		}
-		return cmd, l, stderr
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%v did not start: %s", args, stderr.String())
-	}
-	return nil, "", nil
-}
 
 // reachStack is a broker, and a daemon with Reach on that registered with it.
 type reachStack struct {
@@ -99,47 +39,28 @@ func startReachStack(t *testing.T) *reachStack {
 	bport := freePort(t)
 	bmetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	fmetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	bcfg := filepath.Join(dir, "broker.yaml")
-	os.WriteFile(bcfg, []byte(fmt.Sprintf("listen: \"127.0.0.1:%d\"\ntls: {cert_file: %s, key_file: %s}\nhosts_file: %s\nstate_file: %s\nmetrics: {listen: %q}\n",
-		bport, certFile, keyFile, filepath.Join(dir, "hosts.json"), filepath.Join(dir, "state.json"), bmetrics)), 0o600)
-	so, se, err := runCLI(t, "broker", "add-host", "--config", bcfg, "--json")
-	if err != nil {
-		t.Fatalf("add-host: %v %s", err, se)
-	}
-	var host struct {
-		HostID string `json:"host_id"`
-		Token  string `json:"host_token"`
-	}
-	json.Unmarshal([]byte(so), &host)
+	bcfg := writeBrokerConfig(t, dir, fmt.Sprintf("listen: \"127.0.0.1:%d\"\ntls: {cert_file: %s, key_file: %s}\nmetrics: {listen: %q}\n",
+		bport, certFile, keyFile, bmetrics))
+	hostID, hostToken := addHost(t, bcfg)
 	startLineProc(t, "broker listening", "broker", "serve", "--config", bcfg)
 
 	tokenFile := filepath.Join(dir, "host.token")
-	os.WriteFile(tokenFile, []byte(host.Token+"\n"), 0o600)
+	os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600)
 	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
-	f, _ := os.OpenFile(cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	fmt.Fprintf(f, "reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\nmetrics:\n  listen: %q\n",
-		bport, host.HostID, tokenFile, certFile, fmetrics)
-	f.Close()
+	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\nmetrics:\n  listen: %q\n",
+		bport, hostID, tokenFile, certFile, fmetrics))
 	d := startDaemon(t, cfgPath)
 
 	// The connector registers.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	sock := filepath.Join(dir, "state", "admin.sock")
-	cl := admin.NewClient(sock)
-	for {
+	cl := admin.NewClient(filepath.Join(dir, "state", "admin.sock"))
+	eventually(t, 30*time.Second, func() string { return "connector never connected: " + d.stderr.String() }, func() bool {
 		var st struct {
 			Reach connector.Status `json:"reach"`
 		}
-		if _, err := cl.Do(ctx, "GET", "/status", nil, &st); err == nil && st.Reach.State == "connected" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("connector never connected: %s", d.stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return &reachStack{dir: dir, cfgPath: cfgPath, certFile: certFile, hostToken: host.Token,
+		_, err := cl.Do(context.Background(), "GET", "/status", nil, &st)
+		return err == nil && st.Reach.State == "connected"
+	})
+	return &reachStack{dir: dir, cfgPath: cfgPath, certFile: certFile, hostToken: hostToken,
 		frontMetrics: fmetrics, brokerMetrics: bmetrics, d: d, admin: cl}
 }
 
@@ -157,12 +78,12 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 	if _, err := cl.Do(ctx, "POST", "/reach/bootstrap", map[string]int{"ttl_seconds": 600}, &boot); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
-	var ident identityAnswer
+	var ident identityJSON
 	if _, err := cl.Do(ctx, "GET", "/identity", nil, &ident); err != nil {
 		t.Fatal(err)
 	}
 	cand, err := client.NewCandidate(1, client.CandidateBroker{ProtocolVersion: 1, URL: boot.BrokerURL, HostID: boot.HostID,
-		CredentialKind: "bootstrap", Token: wireSecret(boot.Token), ExpiresAt: boot.ExpiresAt}, ident.URL, ident.PinSHA256, ident.CertDER)
+		CredentialKind: "bootstrap", Token: wire.Secret(boot.Token), ExpiresAt: boot.ExpiresAt}, ident.URL, ident.PinSHA256, ident.CertDER)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,17 +130,6 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 	}
 }
 
-func scrapeText(t *testing.T, addr string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
-}
-
 func grepLines(text, prefix string) string {
 	var out []string
 	for _, l := range strings.Split(text, "\n") {
@@ -230,18 +140,14 @@ func grepLines(text, prefix string) string {
 	return strings.Join(out, "\n")
 }
 
-func wireSecret(s string) wire.Secret { return wire.Secret(s) }
-
 // The QR that `securelink pair` prints carries a Reach route whose bootstrap
 // lets a client reach the host through the broker exactly once.
 func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
 	rs := startReachStack(t)
-	hermesHome := filepath.Join(rs.dir, "hermes")
-	os.MkdirAll(hermesHome, 0o700)
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	os.WriteFile(filepath.Join(hermesHome, "hermes-relay-qr-secret"), secret, 0o600)
+	home := newHermesHome(t, rs.dir, secret)
 	mint := fakeMintRelay(t, secret, nil)
-	so, se, err := runPairCLI(t, hermesHome, "200", "--config", rs.cfgPath, "--relay", mint.URL, "--json")
+	so, se, err := runPairCLI(t, home, "200", "--config", rs.cfgPath, "--relay", mint.URL, "--json")
 	if err != nil {
 		t.Fatalf("pair with Reach: %v\n%s", err, se)
 	}
@@ -288,10 +194,8 @@ func TestPairFailsWhenReachIsNotConnected(t *testing.T) {
 	tokenFile := filepath.Join(dir, "host.token")
 	os.WriteFile(tokenFile, []byte(strings.Repeat("t", 43)), 0o600)
 	cfgPath := writeConfig(t, dir, "http://127.0.0.1:1")
-	f, _ := os.OpenFile(cfgPath, os.O_APPEND|os.O_WRONLY, 0)
-	fmt.Fprintf(f, "reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: \"AAAAAAAAAAAAAAAAAAAAAA\"\n  host_token_file: %q\n",
-		freePort(t), tokenFile)
-	f.Close()
+	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: \"AAAAAAAAAAAAAAAAAAAAAA\"\n  host_token_file: %q\n",
+		freePort(t), tokenFile))
 	startDaemon(t, cfgPath)
 	so, se, err := runPairCLI(t, dir, "200", "--config", cfgPath)
 	if err == nil || !strings.Contains(se, "--no-reach") || strings.Contains(so, "hermes-relay://") {

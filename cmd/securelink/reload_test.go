@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,35 +20,6 @@ import (
 
 	"github.com/coder/websocket"
 )
-
-// echoRelay is a Relay stand-in whose /ws echoes every message.
-func echoRelay(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/health":
-			w.Write([]byte(`{"status":"ok"}`))
-		case "/ws":
-			c, err := websocket.Accept(w, r, nil)
-			if err != nil {
-				return
-			}
-			defer c.CloseNow()
-			for {
-				typ, b, err := c.Read(r.Context())
-				if err != nil {
-					return
-				}
-				if err := c.Write(r.Context(), typ, b); err != nil {
-					return
-				}
-			}
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
 
 // taggedAPI answers every request with its tag, to tell two upstreams apart.
 func taggedAPI(t *testing.T, tag string, delay time.Duration) *httptest.Server {
@@ -108,13 +78,9 @@ func TestReloadUnderLoad(t *testing.T) {
 	if _, se, err := runCLI(t, "pin", "--rotate", "--yes", "--config", cfgPath); err != nil {
 		t.Fatalf("rotate: %v %s", err, se)
 	}
-	so, _, _ := runCLI(t, "pin", "--json", "--config", cfgPath)
-	var pj struct {
-		Pin string `json:"pin_sha256"`
-	}
-	json.Unmarshal([]byte(so), &pj)
+	newPin := configuredPin(t, cfgPath)
 	rewriteAPI(t, cfgPath, apiA.URL, apiB.URL)
-	tlsCfg := eitherPin(oldPin, pj.Pin)
+	tlsCfg := eitherPin(oldPin, newPin)
 
 	// 50 open WebSockets through /relay/ws, on the old identity.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -173,14 +139,8 @@ func TestReloadUnderLoad(t *testing.T) {
 	d.cmd.Process.Signal(syscall.SIGHUP)
 
 	// Wait until the new identity is served and the new upstream answers.
-	deadline := time.Now().Add(15 * time.Second)
-	for !seenB.Load() {
-		if time.Now().After(deadline) {
-			t.Fatalf("reload not applied; daemon: %s", d.stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	resp, err := pinnedGet(t, d.addr, pj.Pin, "/relay/health")
+	eventually(t, 15*time.Second, func() string { return "reload not applied; daemon: " + d.stderr.String() }, seenB.Load)
+	resp, err := pinnedGet(t, d.addr, newPin, "/relay/health")
 	if err != nil {
 		t.Fatalf("new pin not served after reload: %v", err)
 	}

@@ -30,7 +30,7 @@ const shutdownGrace = 10 * time.Second
 func serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
-		Usage: "run the pinned-TLS front on :9443 (zero configuration works)",
+		Usage: "run the pinned-TLS front (default :9443; zero configuration works), plus the Reach connector when reach.enabled is true",
 		Flags: []cli.Flag{configFlag},
 		Action: func(c *cli.Context) error {
 			if err := noArgs(c); err != nil {
@@ -61,6 +61,11 @@ type daemon struct {
 }
 
 func runServe(ctx context.Context, flagConfig string) error {
+	// Catch SIGHUP before anything is announced: its default action ends
+	// the process, so a reload sent right after READY must not kill it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	e, err := loadEnv(flagConfig, true)
 	if err != nil {
 		return err
@@ -155,9 +160,6 @@ func runServe(ctx context.Context, flagConfig string) error {
 	// parsing logs: printed on stdout once the listener is up.
 	fmt.Printf("listening %s authority %s pin %s\n", ln.Addr(), auth, id.Pin)
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for {
 		select {
 		case <-hup:
@@ -337,8 +339,6 @@ type availabilityJSON struct {
 	Available bool `json:"available"`
 }
 
-type reachStatusJSON = connector.Status
-
 type statusJSON struct {
 	Version           string                      `json:"version"`
 	StartedAt         string                      `json:"started_at"`
@@ -348,7 +348,7 @@ type statusJSON struct {
 	PinSHA256         string                      `json:"pin_sha256"`
 	IdentityChangedAt string                      `json:"identity_changed_at"`
 	Upstreams         map[string]availabilityJSON `json:"upstreams"`
-	Reach             reachStatusJSON             `json:"reach"`
+	Reach             connector.Status            `json:"reach"`
 	ActiveWebSockets  int                         `json:"active_websockets"`
 	SNIRejected       uint64                      `json:"sni_rejected"`
 }

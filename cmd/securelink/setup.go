@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -33,17 +34,22 @@ func loadEnv(flag string, createState bool) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	shown := path
-	if shown == "" {
-		shown = "(built-in defaults)"
-	}
-	fmt.Fprintf(os.Stderr, "securelink: config %s, state directory %s\n", shown, sd)
+	announce(path, sd)
 	if createState {
 		if err := atomicfile.MkdirPrivate(sd); err != nil {
 			return nil, fmt.Errorf("state directory: %w", err)
 		}
 	}
 	return &env{cfg: cfg, stateDir: sd}, nil
+}
+
+// announce prints, on stderr, the configuration file and state directory a
+// command acts on.
+func announce(configPath, stateDir string) {
+	if configPath == "" {
+		configPath = "(built-in defaults)"
+	}
+	fmt.Fprintf(os.Stderr, "securelink: config %s, state directory %s\n", configPath, stateDir)
 }
 
 // authority resolves the advertised authority. listenPort is the bound port
@@ -72,32 +78,28 @@ func (e *env) identityConfig(a pinning.Authority) pinning.IdentityConfig {
 	}
 }
 
-// readSecretFile reads a small secret file, refusing one readable by others.
+// readSecretFile reads a small secret file, refusing one other users can
+// access.
 func readSecretFile(path string) (string, error) {
-	fi, err := os.Stat(path)
+	b, _, err := atomicfile.ReadPrivate(path, 4096, 0o007)
 	if err != nil {
 		return "", err
-	}
-	if fi.Mode().Perm()&0o007 != 0 {
-		return "", fmt.Errorf("%s is accessible by other users (mode %04o); chmod 600 it", path, fi.Mode().Perm())
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 4097))
-	if err != nil {
-		return "", err
-	}
-	if len(b) > 4096 {
-		return "", fmt.Errorf("%s is larger than 4096 bytes; it should hold one secret", path)
 	}
 	s := strings.TrimSpace(string(b))
 	if s == "" {
 		return "", fmt.Errorf("%s is empty", path)
 	}
 	return s, nil
+}
+
+// printJSON is every command's --json output: one object on one line, so
+// repeated runs append as JSON lines (bench/reach.sh collects add-host
+// output that way), with <, > and & left as they are so URLs read as
+// printed.
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
 }
 
 func newLogger(cfg *config.Config) zerolog.Logger {

@@ -1,0 +1,61 @@
+package atomicfile
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+)
+
+// ModeError refuses a private file whose permissions let the wrong people
+// read or change it. Callers that only warn (a secret written by another
+// program) read with deny 0 and check the mode themselves.
+type ModeError struct {
+	Path string
+	Mode os.FileMode // the file's permission bits
+	Deny os.FileMode // the bits the caller refused
+}
+
+func (e *ModeError) Error() string {
+	who, fix := "other users", "chmod o-rwx "+e.Path
+	if e.Deny&0o070 != 0 {
+		who, fix = "group or others", "chmod 600 "+e.Path
+	}
+	what := "can read or change it"
+	if e.Deny&0o044 == 0 {
+		what = "can change it"
+	}
+	return fmt.Sprintf("%s has mode %04o: %s %s (%s)", e.Path, e.Mode, who, what, fix)
+}
+
+// ReadPrivate reads the regular file path, at most max bytes, refusing it
+// with a *ModeError when its permission bits intersect deny. The checks run
+// on the opened file, so a rename between check and read cannot slip another
+// file in; O_NONBLOCK keeps a FIFO planted at path from hanging the open.
+// The FileInfo is returned for callers that warn about looser modes or need
+// the modification time.
+func ReadPrivate(path string, max int64, deny os.FileMode) ([]byte, os.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if p := fi.Mode().Perm(); p&deny != 0 {
+		return nil, nil, &ModeError{Path: path, Mode: p, Deny: deny}
+	}
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(data)) > max {
+		return nil, nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	return data, fi, nil
+}

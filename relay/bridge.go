@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/proxy/policy"
 	"github.com/rs/zerolog"
 	"golang.org/x/net/http/httpguts"
 )
@@ -341,10 +343,12 @@ func (b *Bridge) dialRelay(r *http.Request, t *target, offered []string) (*webso
 	stop := context.AfterFunc(b.base, cancel)
 	defer stop()
 
-	h := http.Header{}
-	if v := r.Header.Values("Origin"); len(v) > 0 {
-		h["Origin"] = append([]string(nil), v...)
-	}
+	// The namespace header table decides what a /relay/ws client may tell
+	// the Relay (Origin, Sec-WebSocket-Protocol, User-Agent); the
+	// subprotocols travel as the library's own offer.
+	h := r.Header.Clone()
+	policy.RequestHeaders(policy.NSRelay, h, "", "", false)
+	h.Del("Sec-Websocket-Protocol")
 	// Always set: an empty value stops net/http from inventing a Go User-Agent.
 	h["User-Agent"] = []string{r.Header.Get("User-Agent")}
 	if t.secret != "" {

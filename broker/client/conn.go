@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/internal/wsmsg"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -156,6 +158,10 @@ func (c *Conn) readLoop() {
 	defer close(c.msgs)
 	var brokerErr error // an `error` message announcing the close
 	retries := 0
+	// Each message is lent until the next one: only a copy of the bytes
+	// is queued for Read.
+	var rd wsmsg.Reader
+	defer rd.Release()
 	for {
 		typ, r, err := c.ws.Reader(context.Background())
 		if err != nil {
@@ -172,7 +178,7 @@ func (c *Conn) readLoop() {
 			return
 		}
 		retries = 0
-		data, err := io.ReadAll(r) // bounded by SetReadLimit
+		data, err := rd.ReadAll(r) // bounded by SetReadLimit
 		if err != nil {
 			c.readErr = c.readError(err, brokerErr)
 			return
@@ -193,7 +199,7 @@ func (c *Conn) readLoop() {
 		c.progress.Add(1)
 		c.pause.enter()
 		select {
-		case c.msgs <- data:
+		case c.msgs <- bytes.Clone(data):
 			c.pause.leave()
 		case <-c.closed:
 			c.pause.leave()

@@ -17,18 +17,16 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
 func TestDialTLSFetchesThroughBroker(t *testing.T) {
-	e := newEnv(t, nil)
 	id, _ := newIdentity(t)
 	front := newHTTPFront(t, id)
-	h := e.host(0, front.serve)
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
+	e, _, tok := published(t, nil, wire.KindRoute, front.serve)
 
 	ctx, cancel := context.WithTimeout(context.Background(), step)
 	defer cancel()
@@ -50,12 +48,9 @@ func TestDialTLSFetchesThroughBroker(t *testing.T) {
 }
 
 func TestRouteTokenWorksRepeatedly(t *testing.T) {
-	e := newEnv(t, nil)
 	id, _ := newIdentity(t)
 	front := newHTTPFront(t, id)
-	h := e.host(0, front.serve)
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
+	e, h, tok := published(t, nil, wire.KindRoute, front.serve)
 	cfg := e.config(0, wire.KindRoute, tok)
 	for i := range 3 {
 		ctx, cancel := context.WithTimeout(context.Background(), step)
@@ -75,12 +70,9 @@ func TestRouteTokenWorksRepeatedly(t *testing.T) {
 }
 
 func TestBootstrapServesOneStream(t *testing.T) {
-	e := newEnv(t, nil)
 	id, _ := newIdentity(t)
 	front := newHTTPFront(t, id)
-	h := e.host(0, front.serve)
-	tok := wire.NewToken()
-	h.publishBootstrap("pairing-1", tok)
+	e, h, tok := published(t, nil, wire.KindBootstrap, front.serve)
 	cfg := e.config(0, wire.KindBootstrap, tok)
 
 	ctx, cancel := context.WithTimeout(context.Background(), step)
@@ -126,12 +118,9 @@ func TestUnknownTokenUnauthorized(t *testing.T) {
 }
 
 func TestHostOffline(t *testing.T) {
-	e := newEnv(t, nil)
-	h := e.host(0, func(c net.Conn) { c.Close() })
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
+	e, h, tok := published(t, nil, wire.KindRoute, func(c net.Conn) { c.Close() })
 	h.ws.Close(websocket.StatusNormalClosure, "")
-	waitFor(t, "the host to go offline", func() bool { n, _ := e.health(); return n == 0 })
+	testenv.WaitFor(t, "the host to go offline", func() bool { n, _ := e.health(); return n == 0 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), step)
 	defer cancel()
@@ -146,7 +135,6 @@ func TestHostOffline(t *testing.T) {
 // itself reached the host (so the test would notice a broken setup).
 func pinFailure(t *testing.T, serverName string, pin func(served, other *pinning.Identity) string, rotate bool) error {
 	t.Helper()
-	e := newEnv(t, nil)
 	served, ic := newIdentity(t)
 	pinned := served
 	if rotate {
@@ -160,9 +148,7 @@ func pinFailure(t *testing.T, serverName string, pin func(served, other *pinning
 	}
 	other, _ := newIdentity(t)
 	front := newHTTPFront(t, served)
-	h := e.host(0, front.serve)
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
+	e, h, tok := published(t, nil, wire.KindRoute, front.serve)
 
 	ctx, cancel := context.WithTimeout(context.Background(), step)
 	defer cancel()
@@ -204,10 +190,9 @@ func TestRotatedCertificateFailsBeforeApplicationBytes(t *testing.T) {
 }
 
 func TestLargeWritesArriveIntact(t *testing.T) {
-	e := newEnv(t, nil)
 	const size = 2<<20 + 12345 // more than two client messages
 	got := make(chan [32]byte, 1)
-	h := e.host(0, func(c net.Conn) {
+	e, _, tok := published(t, nil, wire.KindRoute, func(c net.Conn) {
 		defer c.Close()
 		buf := make([]byte, size)
 		if _, err := io.ReadFull(c, buf); err != nil {
@@ -219,15 +204,7 @@ func TestLargeWritesArriveIntact(t *testing.T) {
 			t.Errorf("host write: %v", err)
 		}
 	})
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	ctx, cancel := context.WithTimeout(context.Background(), step)
-	defer cancel()
-	c, err := Dial(ctx, e.config(0, wire.KindRoute, tok))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := e.dial(tok)
 	data := make([]byte, size)
 	rand.Read(data)
 	c.SetDeadline(time.Now().Add(3 * step))
@@ -254,20 +231,11 @@ func TestLargeWritesArriveIntact(t *testing.T) {
 }
 
 func TestHostCloseIsEOF(t *testing.T) {
-	e := newEnv(t, nil)
-	h := e.host(0, func(c net.Conn) {
+	e, _, tok := published(t, nil, wire.KindRoute, func(c net.Conn) {
 		c.Write([]byte("bye"))
 		c.Close()
 	})
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	ctx, cancel := context.WithTimeout(context.Background(), step)
-	defer cancel()
-	c, err := Dial(ctx, e.config(0, wire.KindRoute, tok))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := e.dial(tok)
 	c.SetReadDeadline(time.Now().Add(step))
 	b, err := io.ReadAll(c)
 	if err != nil || string(b) != "bye" {
@@ -279,22 +247,13 @@ func TestHostCloseIsEOF(t *testing.T) {
 }
 
 func TestHostOfflineMidStreamIsAnError(t *testing.T) {
-	e := newEnv(t, nil)
 	opened := make(chan net.Conn, 1)
-	h := e.host(0, func(c net.Conn) { opened <- c })
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	ctx, cancel := context.WithTimeout(context.Background(), step)
-	defer cancel()
-	c, err := Dial(ctx, e.config(0, wire.KindRoute, tok))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	e, h, tok := published(t, nil, wire.KindRoute, func(c net.Conn) { opened <- c })
+	c := e.dial(tok)
 	<-opened
 	h.ws.CloseNow()
 	c.SetReadDeadline(time.Now().Add(step))
-	_, err = c.Read(make([]byte, 1))
+	_, err := c.Read(make([]byte, 1))
 	var ce *CloseError
 	if !errors.As(err, &ce) || ce.Code != wire.CloseGoingAway {
 		t.Fatalf("read with the host gone: %v, want close 1001", err)
@@ -305,19 +264,10 @@ func TestHostOfflineMidStreamIsAnError(t *testing.T) {
 }
 
 func TestDeadlines(t *testing.T) {
-	e := newEnv(t, nil)
-	h := e.host(0, func(c net.Conn) { io.Copy(c, c); c.Close() })
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	ctx, cancel := context.WithTimeout(context.Background(), step)
-	defer cancel()
-	c, err := Dial(ctx, e.config(0, wire.KindRoute, tok))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	e, _, tok := published(t, nil, wire.KindRoute, echo)
+	c := e.dial(tok)
 	c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	_, err = c.Read(make([]byte, 1))
+	_, err := c.Read(make([]byte, 1))
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("read past the deadline: %v", err)
@@ -351,20 +301,11 @@ func TestDeadlines(t *testing.T) {
 // sockets that do not answer; a caller that does not read for a while must
 // still have its stream afterwards.
 func TestPingsAnsweredWhileNotReading(t *testing.T) {
-	e := newEnv(t, func(c *server.Config) {
+	e, _, tok := published(t, func(c *server.Config) {
 		c.PingInterval = 20 * time.Millisecond
 		c.PongTimeout = 150 * time.Millisecond
-	})
-	h := e.host(0, func(c net.Conn) { io.Copy(c, c); c.Close() })
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	ctx, cancel := context.WithTimeout(context.Background(), step)
-	defer cancel()
-	c, err := Dial(ctx, e.config(0, wire.KindRoute, tok))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	}, wire.KindRoute, echo)
+	c := e.dial(tok)
 	time.Sleep(600 * time.Millisecond) // several pong timeouts without a Read
 	if _, err := c.Write([]byte("still here")); err != nil {
 		t.Fatal(err)

@@ -4,21 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -29,8 +22,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/server"
-	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 )
@@ -50,9 +43,11 @@ func testLog(t *testing.T) zerolog.Logger {
 	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel)
 }
 
-// env is a real broker serving wss:// on 127.0.0.1 with a test CA.
+// env is a real broker serving wss:// on 127.0.0.1 with a test CA and two
+// hosts.
 type env struct {
 	t     *testing.T
+	tb    *testenv.Broker
 	url   string
 	addr  string
 	pool  *x509.CertPool
@@ -66,78 +61,45 @@ type testHostCred struct {
 
 func newEnv(t *testing.T, mutate func(*server.Config)) *env {
 	t.Helper()
-	dir := t.TempDir()
-	certFile, keyFile, pool := writeCert(t, dir)
-	cfg := server.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
-	cfg.HostsFile = filepath.Join(dir, "hosts.json")
-	cfg.StateFile = filepath.Join(dir, "state.json")
-	cfg.AttemptsPerMinute = 100000
-	cfg.ShutdownGrace = time.Second
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	e := &env{t: t, pool: pool}
-	for range 2 {
-		id, tok, err := store.AddHost(cfg.HostsFile)
+	tb := testenv.StartBroker(t, testenv.BrokerOptions{Hosts: 2, Mutate: mutate})
+	e := &env{t: t, tb: tb, url: tb.URL(), addr: tb.Addr, pool: tb.Pool}
+	for _, h := range tb.Hosts {
+		hid, err := wire.ParseID(h.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		hid, _ := wire.ParseID(id)
-		e.hosts = append(e.hosts, testHostCred{id: hid, token: tok})
+		e.hosts = append(e.hosts, testHostCred{id: hid, token: h.Token})
 	}
-	b, err := server.New(cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.addr = ln.Addr().String()
-	e.url = "wss://" + e.addr + wire.ConnectPath
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- b.ServeListener(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("broker: %v", err)
-		}
-	})
 	return e
 }
 
-// writeCert makes a self-signed broker certificate for 127.0.0.1.
-func writeCert(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+// published starts a broker, connects host 0 serving its streams with serve
+// and publishes one credential of kind for it ("route-1" or "pairing-1").
+func published(t *testing.T, mutate func(*server.Config), kind wire.Kind, serve func(net.Conn)) (*env, *fakeHost, wire.Secret) {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "test broker"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	e := newEnv(t, mutate)
+	h := e.host(0, serve)
+	tok := wire.NewToken()
+	if kind == wire.KindBootstrap {
+		h.publishBootstrap("pairing-1", tok)
+	} else {
+		h.publishRoute("route-1", tok)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	return e, h, tok
+}
+
+// dial opens a stream of host 0 with a route token; it is closed when the
+// test ends.
+func (e *env) dial(tok wire.Secret) net.Conn {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), step)
+	defer cancel()
+	c, err := Dial(ctx, e.config(0, wire.KindRoute, tok))
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
+	e.t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // config is a client configuration for host i.
@@ -156,8 +118,7 @@ func (e *env) config(i int, kind wire.Kind, token wire.Secret) Config {
 // health reads the broker's /health.
 func (e *env) health() (hostsOnline, streams int) {
 	e.t.Helper()
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: e.pool}}, Timeout: step}
-	resp, err := hc.Get("https://" + e.addr + "/health")
+	resp, err := e.tb.HTTPClient().Get("https://" + e.addr + "/health")
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -510,17 +471,6 @@ func (s *syncBuffer) waitFor(t *testing.T, sub string) {
 	for !strings.Contains(s.String(), sub) {
 		if time.Now().After(deadline) {
 			t.Fatalf("log never contained %q:\n%s", sub, s.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(step)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 )
@@ -34,6 +35,16 @@ type forwardRun struct {
 	logs   *syncBuffer
 	cancel context.CancelFunc
 	done   chan error
+}
+
+// forwardTo publishes a credential of kind for host 0 serving with serve and
+// runs Forward with o and a candidate for it.
+func forwardTo(t *testing.T, kind wire.Kind, serve func(net.Conn), o ForwardOptions) (*env, *fakeHost, *forwardRun) {
+	t.Helper()
+	id, _ := newIdentity(t)
+	e, h, tok := published(t, nil, kind, serve)
+	o.Candidate = testCandidate(t, e, kind, tok, id)
+	return e, h, startForward(t, e, o)
 }
 
 func startForward(t *testing.T, e *env, o ForwardOptions) *forwardRun {
@@ -101,13 +112,7 @@ func echoRoundTrip(t *testing.T, c net.Conn, n int) {
 func echo(c net.Conn) { io.Copy(c, c); c.Close() }
 
 func TestForwardIsByteExactBothWays(t *testing.T) {
-	e := newEnv(t, nil)
-	id, _ := newIdentity(t)
-	h := e.host(0, echo)
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	r := startForward(t, e, ForwardOptions{
-		Candidate: testCandidate(t, e, wire.KindRoute, tok, id),
+	e, h, r := forwardTo(t, wire.KindRoute, echo, ForwardOptions{
 		// The echo host never ends a stream by itself: after the local
 		// EOF only the half-close timeout does.
 		HalfCloseTimeout: 200 * time.Millisecond,
@@ -124,16 +129,14 @@ func TestForwardIsByteExactBothWays(t *testing.T) {
 	}
 	r.logs.waitFor(t, `"bytes_up":1048909,"bytes_down":1048909,"message":"local connection finished"`)
 	r.logs.waitFor(t, `"bytes_up":70000,"bytes_down":70000,"message":"local connection finished"`)
-	waitFor(t, "the broker streams to end", func() bool { _, n := e.health(); return n == 0 })
+	testenv.WaitFor(t, "the broker streams to end", func() bool { _, n := e.health(); return n == 0 })
 }
 
 // TestForwardHalfClose: a local client that sends its request and shuts
 // down its write side still gets the whole answer, then EOF.
 func TestForwardHalfClose(t *testing.T) {
-	e := newEnv(t, nil)
-	id, _ := newIdentity(t)
 	answer := bytes.Repeat([]byte("answer!"), 100000)
-	h := e.host(0, func(c net.Conn) {
+	_, _, r := forwardTo(t, wire.KindRoute, func(c net.Conn) {
 		defer c.Close()
 		req := make([]byte, 5)
 		if _, err := io.ReadFull(c, req); err != nil || string(req) != "hello" {
@@ -141,10 +144,7 @@ func TestForwardHalfClose(t *testing.T) {
 			return
 		}
 		c.Write(answer)
-	})
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	r := startForward(t, e, ForwardOptions{Candidate: testCandidate(t, e, wire.KindRoute, tok, id)})
+	}, ForwardOptions{})
 	c := r.dial(t)
 	defer c.Close()
 	if _, err := c.Write([]byte("hello")); err != nil {
@@ -166,13 +166,8 @@ func TestForwardHalfClose(t *testing.T) {
 // client sees a reset, not a clean EOF that would pass a cut stream off as
 // complete.
 func TestForwardResetsCutStreams(t *testing.T) {
-	e := newEnv(t, nil)
-	id, _ := newIdentity(t)
 	opened := make(chan net.Conn, 1)
-	h := e.host(0, func(c net.Conn) { c.Write([]byte("partial")); opened <- c })
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	r := startForward(t, e, ForwardOptions{Candidate: testCandidate(t, e, wire.KindRoute, tok, id)})
+	_, h, r := forwardTo(t, wire.KindRoute, func(c net.Conn) { c.Write([]byte("partial")); opened <- c }, ForwardOptions{})
 	c := r.dial(t)
 	defer c.Close()
 	buf := make([]byte, 7)
@@ -189,12 +184,7 @@ func TestForwardResetsCutStreams(t *testing.T) {
 }
 
 func TestForwardBootstrapServesExactlyOneConnection(t *testing.T) {
-	e := newEnv(t, nil)
-	id, _ := newIdentity(t)
-	h := e.host(0, echo)
-	tok := wire.NewToken()
-	h.publishBootstrap("pairing-1", tok)
-	r := startForward(t, e, ForwardOptions{Candidate: testCandidate(t, e, wire.KindBootstrap, tok, id)})
+	_, h, r := forwardTo(t, wire.KindBootstrap, echo, ForwardOptions{})
 
 	first := r.dial(t)
 	echoRoundTrip(t, first, 4096)
@@ -219,14 +209,9 @@ func TestForwardBootstrapServesExactlyOneConnection(t *testing.T) {
 // TestForwardBootstrapSurvivesHostOffline: a refusal that did not consume
 // the token (host_offline) leaves it usable for the next local connection.
 func TestForwardBootstrapSurvivesHostOffline(t *testing.T) {
-	e := newEnv(t, nil)
-	id, _ := newIdentity(t)
-	h := e.host(0, echo)
-	tok := wire.NewToken()
-	h.publishBootstrap("pairing-1", tok)
+	e, h, r := forwardTo(t, wire.KindBootstrap, echo, ForwardOptions{})
 	h.ws.CloseNow()
-	waitFor(t, "the host to go offline", func() bool { n, _ := e.health(); return n == 0 })
-	r := startForward(t, e, ForwardOptions{Candidate: testCandidate(t, e, wire.KindBootstrap, tok, id)})
+	testenv.WaitFor(t, "the host to go offline", func() bool { n, _ := e.health(); return n == 0 })
 
 	c := r.dial(t)
 	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
@@ -245,12 +230,7 @@ func TestForwardBootstrapSurvivesHostOffline(t *testing.T) {
 }
 
 func TestForwardMaxConns(t *testing.T) {
-	e := newEnv(t, nil)
-	id, _ := newIdentity(t)
-	h := e.host(0, echo)
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	r := startForward(t, e, ForwardOptions{Candidate: testCandidate(t, e, wire.KindRoute, tok, id), MaxConns: 1})
+	_, h, r := forwardTo(t, wire.KindRoute, echo, ForwardOptions{MaxConns: 1})
 	a := r.dial(t)
 	echoRoundTrip(t, a, 10)
 	b := r.dial(t)
@@ -265,12 +245,7 @@ func TestForwardMaxConns(t *testing.T) {
 }
 
 func TestForwardStopsCleanly(t *testing.T) {
-	e := newEnv(t, nil)
-	id, _ := newIdentity(t)
-	h := e.host(0, echo)
-	tok := wire.NewToken()
-	h.publishRoute("route-1", tok)
-	r := startForward(t, e, ForwardOptions{Candidate: testCandidate(t, e, wire.KindRoute, tok, id)})
+	e, _, r := forwardTo(t, wire.KindRoute, echo, ForwardOptions{})
 	c := r.dial(t)
 	echoRoundTrip(t, c, 10)
 	r.stop(t)
@@ -280,7 +255,7 @@ func TestForwardStopsCleanly(t *testing.T) {
 	if _, err := net.DialTimeout("tcp", r.addr, step); err == nil {
 		t.Fatal("the listener is still open")
 	}
-	waitFor(t, "the broker stream to end", func() bool { _, n := e.health(); return n == 0 })
+	testenv.WaitFor(t, "the broker stream to end", func() bool { _, n := e.health(); return n == 0 })
 }
 
 func TestForwardRejectsBadOptions(t *testing.T) {

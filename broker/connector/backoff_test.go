@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -75,14 +76,14 @@ func TestRunFollowsTheBackoff(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	var sl sleeps
-	log, _ := newLog(t)
+	log, _ := testenv.NewLog(t)
 	c := newConnector(t, Config{
 		BrokerURL: "wss://" + addr + wire.ConnectPath, HostID: wire.NewID().String(),
 		Token: wire.NewToken(), Log: log,
 		Rand: func() float64 { return 0.5 }, Sleep: sl.sleep,
 	})
 	stop := run(t, c)
-	waitFor(t, "five attempts", func() bool { return len(sl.list()) >= 5 })
+	testenv.WaitFor(t, "five attempts", func() bool { return len(sl.list()) >= 5 })
 	stop()
 	got := sl.list()[:5]
 	for i, w := range []time.Duration{1, 2, 4, 8, 16} {
@@ -110,10 +111,10 @@ func TestRunResetsBackoffOnlyAfterALongRegistration(t *testing.T) {
 	held := []time.Duration{61 * time.Second, 30 * time.Second, 59 * time.Second, 60 * time.Second}
 	for i, d := range held {
 		h := fb.host()
-		waitFor(t, "registration", func() bool { return c.Status().State == StateConnected })
+		testenv.WaitFor(t, "registration", func() bool { return c.Status().State == StateConnected })
 		clock.advance(d)
 		h.close()
-		waitFor(t, "the wait after the drop", func() bool { return len(sl.list()) == i+1 })
+		testenv.WaitFor(t, "the wait after the drop", func() bool { return len(sl.list()) == i+1 })
 	}
 	base := cfg.BackoffBase
 	want := []time.Duration{base, 2 * base, 4 * base, base}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -63,7 +64,7 @@ func (fb *fakeBroker) url() string {
 }
 
 func (fb *fakeBroker) config(t *testing.T) Config {
-	log, _ := newLog(t)
+	log, _ := testenv.NewLog(t)
 	return Config{
 		BrokerURL: fb.url(), HostID: wire.NewID().String(), Token: wire.NewToken(),
 		RootCAs: fb.pool, Log: log,

@@ -23,12 +23,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
@@ -41,91 +41,31 @@ import (
 // Real broker
 
 type realBroker struct {
-	t      *testing.T
-	cfg    server.Config
-	pool   *x509.CertPool
-	addr   string
+	*testenv.Broker
 	hostID string
 	token  wire.Secret
-	b      *server.Broker
-	cancel context.CancelFunc
-	done   chan error
-	logs   *logSink
 }
 
 func startBroker(t *testing.T, mutate func(*server.Config)) *realBroker {
 	t.Helper()
-	dir := t.TempDir()
-	cert, key, pool := writeCert(t)
-	cfg := server.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.TLSCertFile, cfg.TLSKeyFile = cert, key
-	cfg.HostsFile = filepath.Join(dir, "hosts.json")
-	cfg.StateFile = filepath.Join(dir, "state.json")
-	cfg.AttemptsPerMinute = 100000
-	cfg.ShutdownGrace = 2 * time.Second
-	hostID, token, err := store.AddHost(cfg.HostsFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	rb := &realBroker{t: t, cfg: cfg, pool: pool, addr: "127.0.0.1:0", hostID: hostID, token: token}
-	rb.start()
-	t.Cleanup(rb.stop)
-	return rb
+	tb := testenv.StartBroker(t, testenv.BrokerOptions{Mutate: mutate})
+	return &realBroker{Broker: tb, hostID: tb.Hosts[0].ID, token: tb.Hosts[0].Token}
 }
-
-// start serves on rb.addr (the same port again after stop).
-func (rb *realBroker) start() {
-	rb.t.Helper()
-	ln, err := net.Listen("tcp", rb.addr)
-	if err != nil {
-		rb.t.Fatal(err)
-	}
-	rb.addr = ln.Addr().String()
-	log, sink := newLog(rb.t)
-	rb.logs = sink
-	b, err := server.New(rb.cfg, log.Level(1))
-	if err != nil {
-		ln.Close()
-		rb.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	rb.b, rb.cancel, rb.done = b, cancel, make(chan error, 1)
-	go func() { rb.done <- b.ServeListener(ctx, ln) }()
-}
-
-func (rb *realBroker) stop() {
-	if rb.cancel == nil {
-		return
-	}
-	rb.cancel()
-	rb.cancel = nil
-	select {
-	case <-rb.done:
-	case <-time.After(2 * step):
-		rb.t.Error("the broker did not stop")
-	}
-}
-
-func (rb *realBroker) url() string { return "wss://" + rb.addr + wire.ConnectPath }
 
 func (rb *realBroker) connectorConfig(t *testing.T) Config {
-	log, _ := newLog(t)
+	log, _ := testenv.NewLog(t)
 	return Config{
-		BrokerURL: rb.url(), HostID: rb.hostID, Token: rb.token, RootCAs: rb.pool, Log: log,
+		BrokerURL: rb.URL(), HostID: rb.hostID, Token: rb.token, RootCAs: rb.Pool, Log: log,
 		BackoffBase: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 	}
 }
 
 // credentials reads the broker's state file.
-func (rb *realBroker) credentials() []store.Credential {
-	rb.t.Helper()
-	snap, err := store.LoadState(rb.cfg.StateFile)
+func (rb *realBroker) credentials(t *testing.T) []store.Credential {
+	t.Helper()
+	snap, err := store.LoadState(rb.Cfg.StateFile)
 	if err != nil {
-		rb.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return snap.Credentials
 }
@@ -138,72 +78,8 @@ const frontPort = 9443 // the authority clients name; the front never listens on
 type testFront struct {
 	srv   *proxy.Server
 	id    *pinning.Identity
-	relay *fakeRelay
+	relay *testenv.FakeRelay
 	tcp   string // the same front on a TCP listener, for direct clients
-}
-
-// fakeRelay speaks the Relay's first-frame auth: the client's first message
-// is its auth frame, the answer is auth.ok (with the session token the
-// client presented, or a new one), then it echoes.
-type fakeRelay struct {
-	srv      *httptest.Server
-	sessions atomic.Int64
-	mu       sync.Mutex
-	sent     [][]byte // every auth.ok, byte for byte
-}
-
-func newFakeRelay(t *testing.T) *fakeRelay {
-	f := &fakeRelay{}
-	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
-			io.WriteString(w, `{"ok":true}`)
-			return
-		}
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer c.CloseNow()
-		ctx := r.Context()
-		_, first, err := c.Read(ctx)
-		if err != nil {
-			return
-		}
-		var auth struct {
-			Payload struct {
-				SessionToken string `json:"session_token"`
-			} `json:"payload"`
-		}
-		json.Unmarshal(first, &auth)
-		sess := auth.Payload.SessionToken
-		if sess == "" {
-			sess = fmt.Sprintf("relay-session-%d-\u00e9", f.sessions.Add(1))
-		}
-		sessJSON, _ := json.Marshal(sess)
-		ok := []byte(`{"channel":"system","type":"auth.ok","id":"1","payload":{"session_token":` + string(sessJSON) +
-			`,"server_version":"0.9.1","profiles":[{"name":"caf\u00e9"}],"expires_at":null,` +
-			`"grants":{"chat":1.5e9},"transport_hint":"wss"}}`)
-		f.mu.Lock()
-		f.sent = append(f.sent, ok)
-		f.mu.Unlock()
-		if c.Write(ctx, websocket.MessageText, ok) != nil {
-			return
-		}
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil || c.Write(ctx, typ, msg) != nil {
-				return
-			}
-		}
-	}))
-	t.Cleanup(f.srv.Close)
-	return f
-}
-
-func (f *fakeRelay) lastAuthOK() []byte {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.sent[len(f.sent)-1]
 }
 
 func newAPI(t *testing.T) *httptest.Server {
@@ -233,17 +109,17 @@ func startFront(t *testing.T, c *Connector) *testFront {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fr := newFakeRelay(t)
+	fr := testenv.NewFakeRelay(t)
 	api := newAPI(t)
 	dash := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, `{"status":"ok","auth_required":true}`)
 	}))
 	t.Cleanup(dash.Close)
 	u := func(s string) *url.URL { v, _ := url.Parse(s); return v }
-	log, _ := newLog(t)
+	log, _ := testenv.NewLog(t)
 	srv, err := proxy.New(proxy.Options{
 		AuthorityHost: "127.0.0.1", AuthorityPort: frontPort,
-		Upstreams: proxy.Upstreams{Relay: u(fr.srv.URL), API: u(api.URL), Dashboard: u(dash.URL)},
+		Upstreams: proxy.Upstreams{Relay: u(fr.Srv.URL), API: u(api.URL), Dashboard: u(dash.URL)},
 		Limits:    proxy.DefaultLimits(),
 		Relay:     relay.Options{Handoff: c.Handoff()},
 		Log:       log.Level(1),
@@ -295,14 +171,14 @@ type reach struct {
 	rb    *realBroker
 	c     *Connector
 	front *testFront
-	logs  *logSink
+	logs  *testenv.LogSink
 }
 
 func startReach(t *testing.T, mutateBroker func(*server.Config), mutate func(*Config)) *reach {
 	t.Helper()
 	rb := startBroker(t, mutateBroker)
 	cfg := rb.connectorConfig(t)
-	log, sink := newLog(t)
+	log, sink := testenv.NewLog(t)
 	cfg.Log = log
 	if mutate != nil {
 		mutate(&cfg)
@@ -322,8 +198,8 @@ func registerClient(t *testing.T, rb *realBroker, kind wire.Kind, token string) 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), step)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, rb.url(), &websocket.DialOptions{
-		HTTPClient: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: rb.pool}}},
+	ws, _, err := websocket.Dial(ctx, rb.URL(), &websocket.DialOptions{
+		HTTPClient: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: rb.Pool}}},
 	})
 	if err != nil {
 		t.Fatalf("client dial: %v", err)
@@ -424,32 +300,7 @@ func (in *inner) try(method, path string, body []byte) (int, []byte, error) {
 // relayWS opens /relay/ws over the inner connection and authenticates.
 func (in *inner) relayWS(authFrame string) (*websocket.Conn, []byte) {
 	in.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), step)
-	defer cancel()
-	used := false
-	ws, _, err := websocket.Dial(ctx, fmt.Sprintf("wss://127.0.0.1:%d/relay/ws", frontPort), &websocket.DialOptions{
-		HTTPClient: &http.Client{Transport: &http.Transport{
-			DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
-				if used {
-					return nil, errors.New("one connection only")
-				}
-				used = true
-				return in.tc, nil
-			},
-		}},
-	})
-	if err != nil {
-		in.t.Fatalf("relay upgrade: %v", err)
-	}
-	in.t.Cleanup(func() { ws.CloseNow() })
-	if err := ws.Write(ctx, websocket.MessageText, []byte(authFrame)); err != nil {
-		in.t.Fatal(err)
-	}
-	_, msg, err := ws.Read(ctx)
-	if err != nil {
-		in.t.Fatalf("auth answer: %v", err)
-	}
-	return ws, msg
+	return testenv.RelayWS(in.t, in.tc, fmt.Sprintf("wss://127.0.0.1:%d/relay/ws", frontPort), authFrame)
 }
 
 // ---------------------------------------------------------------------------
@@ -462,7 +313,7 @@ func TestReachFrontThroughBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().Unix()
-	if b.HostID != r.rb.hostID || b.BrokerURL != r.rb.url() || len(b.Token) != wire.TokenLen ||
+	if b.HostID != r.rb.hostID || b.BrokerURL != r.rb.URL() || len(b.Token) != wire.TokenLen ||
 		!wire.ValidLabel(b.PairingID) || b.ExpiresAt < now+590 || b.ExpiresAt > now+610 {
 		t.Fatalf("bootstrap %+v", b)
 	}
@@ -489,7 +340,7 @@ func TestReachFrontThroughBroker(t *testing.T) {
 	}
 	in.tc.Close()
 	ws.Close(websocket.StatusNormalClosure, "")
-	waitFor(t, "the stream to complete", func() bool { return r.c.Status().CompletedStreams == 1 })
+	testenv.WaitFor(t, "the stream to complete", func() bool { return r.c.Status().CompletedStreams == 1 })
 	if logs := r.logs.String(); strings.Contains(logs, b.Token) || strings.Contains(logs, string(r.rb.token)) {
 		t.Fatal("a token reached the log")
 	}
@@ -524,7 +375,7 @@ func TestReachRouteCredentialHandoff(t *testing.T) {
 		t.Fatalf("route_credential keys: %v", rc)
 	}
 	str := func(k string) string { var s string; json.Unmarshal(rc[k], &s); return s }
-	if str("kind") != "broker_route" || str("broker_url") != r.rb.url() || str("host_id") != r.rb.hostID ||
+	if str("kind") != "broker_route" || str("broker_url") != r.rb.URL() || str("host_id") != r.rb.hostID ||
 		str("credential_id") != wire.RouteCredentialID(m.Payload.SessionToken) || len(str("token")) != wire.TokenLen {
 		t.Fatalf("route_credential %s", authOK)
 	}
@@ -540,12 +391,12 @@ func TestReachRouteCredentialHandoff(t *testing.T) {
 	// Every other byte is the Relay's.
 	start := bytes.Index(authOK, []byte(`{"kind"`))
 	ins := `,"route_credential":` + string(authOK[start:start+bytes.IndexByte(authOK[start:], '}')+1])
-	if got := strings.Replace(string(authOK), ins, "", 1); got != string(r.front.relay.lastAuthOK()) {
-		t.Fatalf("the Relay's members changed:\n%s\n%s", got, r.front.relay.lastAuthOK())
+	if got := strings.Replace(string(authOK), ins, "", 1); got != string(r.front.relay.LastAuthOK()) {
+		t.Fatalf("the Relay's members changed:\n%s\n%s", got, r.front.relay.LastAuthOK())
 	}
 	// The broker holds only digests: of the token and of the device id.
 	var found bool
-	for _, cr := range r.rb.credentials() {
+	for _, cr := range r.rb.credentials(t) {
 		if cr.Kind == wire.KindRoute && cr.ID == str("credential_id") {
 			found = true
 			if cr.Digest != wire.TokenDigest(str("token")) || cr.DeviceIDHash != wire.TokenDigest("dev-42") || cr.ExpiresAt != expAt {
@@ -673,10 +524,10 @@ func routeToken(t *testing.T, r *reach) string {
 func TestReachSurvivesBrokerRestart(t *testing.T) {
 	r := startReach(t, nil, nil)
 	tok := routeToken(t, r)
-	r.rb.stop()
-	waitFor(t, "the connector to notice", func() bool { return r.c.Status().State != StateConnected })
-	r.rb.start() // same port, same hosts and state files
-	waitFor(t, "the connector to register again", func() bool {
+	r.rb.Stop()
+	testenv.WaitFor(t, "the connector to notice", func() bool { return r.c.Status().State != StateConnected })
+	r.rb.Start() // same port, same hosts and state files
+	testenv.WaitFor(t, "the connector to register again", func() bool {
 		st := r.c.Status()
 		return st.State == StateConnected && st.Attempts >= 2
 	})
@@ -697,7 +548,7 @@ func TestReachReplacedBacksOff(t *testing.T) {
 	c2 := newConnector(t, r.rb.connectorConfig(t))
 	run(t, c2)
 	waitConnected(t, c2)
-	waitFor(t, "the first connector to back off", func() bool { return r.c.Status().State == StateBackoff })
+	testenv.WaitFor(t, "the first connector to back off", func() bool { return r.c.Status().State == StateBackoff })
 	st := r.c.Status()
 	if st.LastError != codeReplaced || st.LastErrorDetail != "another process registered with this host_id" {
 		t.Fatalf("status %+v", st)
@@ -790,7 +641,7 @@ func TestReachConcurrentPublishersGetTheirOwnReplies(t *testing.T) {
 	// Each caller that was told `published` holds the token the broker
 	// stored under its pairing_id.
 	stored := map[string]wire.Digest{}
-	for _, cr := range r.rb.credentials() {
+	for _, cr := range r.rb.credentials(t) {
 		if cr.Kind == wire.KindBootstrap {
 			stored[cr.ID] = cr.Digest
 		}
@@ -818,7 +669,7 @@ func TestReachAuthFailuresBackOffTenMinutes(t *testing.T) {
 		cfg.Sleep = sl.sleep
 		c := newConnector(t, cfg)
 		run(t, c)
-		waitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
+		testenv.WaitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
 		if st := c.Status(); st.LastError != "unauthorized" || !strings.Contains(st.LastErrorDetail, "reach.host_id") {
 			t.Fatalf("status %+v", st)
 		}
@@ -835,13 +686,13 @@ func TestReachAuthFailuresBackOffTenMinutes(t *testing.T) {
 		c := newConnector(t, cfg)
 		run(t, c)
 		waitConnected(t, c)
-		if err := store.RemoveHost(rb.cfg.HostsFile, rb.hostID); err != nil {
+		if err := store.RemoveHost(rb.Cfg.HostsFile, rb.hostID); err != nil {
 			t.Fatal(err)
 		}
-		if err := rb.b.ReloadHosts(); err != nil {
+		if err := rb.B.ReloadHosts(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
+		testenv.WaitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
 		if st := c.Status(); st.LastError != "revoked" {
 			t.Fatalf("status %+v", st)
 		}
@@ -861,11 +712,11 @@ func TestReachNeverSpeaksPlaintext(t *testing.T) {
 		cfg.Sleep = sl.sleep
 		c := newConnector(t, cfg)
 		run(t, c)
-		waitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
+		testenv.WaitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
 		if st := c.Status(); st.LastError != codeTLS {
 			t.Fatalf("status %+v", st)
 		}
-		if n := rb.b.Stats().HostsOnline; n != 0 {
+		if n := rb.B.Stats().HostsOnline; n != 0 {
 			t.Fatalf("%d hosts online", n)
 		}
 	})
@@ -875,7 +726,7 @@ func TestReachNeverSpeaksPlaintext(t *testing.T) {
 			c.TLSCertFile, c.TLSKeyFile = "", ""
 		})
 		cfg := rb.connectorConfig(t)
-		cfg.BrokerURL = "ws://" + rb.addr + wire.ConnectPath
+		cfg.BrokerURL = "ws://" + rb.Addr + wire.ConnectPath
 		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "wss") {
 			t.Fatalf("New accepted ws://: %v", err)
 		}
@@ -885,11 +736,11 @@ func TestReachNeverSpeaksPlaintext(t *testing.T) {
 		cfg.Sleep = sl.sleep
 		c := newConnector(t, cfg) // wss:// to a broker that only speaks ws://
 		run(t, c)
-		waitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
+		testenv.WaitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
 		if st := c.Status(); st.LastError != codeTLS {
 			t.Fatalf("status %+v", st)
 		}
-		if n := rb.b.Stats().HostsOnline; n != 0 {
+		if n := rb.B.Stats().HostsOnline; n != 0 {
 			t.Fatalf("%d hosts online over plaintext", n)
 		}
 	})

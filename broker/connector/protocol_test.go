@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -54,7 +55,7 @@ func TestRegisterCarriesFreshConnectionIDs(t *testing.T) {
 	if h2.reg.ConnectionID == h1.reg.ConnectionID {
 		t.Fatal("a connection_id was reused")
 	}
-	waitFor(t, "two attempts", func() bool { return c.Status().Attempts == 2 })
+	testenv.WaitFor(t, "two attempts", func() bool { return c.Status().Attempts == 2 })
 }
 
 func TestOpenForAnotherRegistrationIsClosedAtOnce(t *testing.T) {
@@ -142,7 +143,7 @@ func TestBrokerCloseDeliversDataThenEOFAndIsNotAnswered(t *testing.T) {
 		t.Fatal("writing to a stream the broker closed succeeded")
 	}
 	st.Close()
-	waitFor(t, "the stream to complete", func() bool { return c.Status().CompletedStreams == 1 })
+	testenv.WaitFor(t, "the stream to complete", func() bool { return c.Status().CompletedStreams == 1 })
 	// Nothing was sent for the closed stream: the next frame belongs to a
 	// new stream.
 	id2 := wire.NewID()
@@ -436,7 +437,7 @@ func TestPingsAndPongTimeout(t *testing.T) {
 			cfg.PongTimeout = 2 * time.Second
 		})
 		go h.readErr() // reading answers pings
-		waitFor(t, "three pings", func() bool { return fb.pings.Load() >= 3 })
+		testenv.WaitFor(t, "three pings", func() bool { return fb.pings.Load() >= 3 })
 		if a := c.Status().Attempts; a != 1 {
 			t.Fatalf("attempts = %d", a)
 		}
@@ -450,7 +451,7 @@ func TestPingsAndPongTimeout(t *testing.T) {
 			cfg.Sleep = sl.sleep
 		})
 		// The fake never reads, so it never answers a ping.
-		waitFor(t, "the registration to be dropped", func() bool { return c.Status().State == StateBackoff })
+		testenv.WaitFor(t, "the registration to be dropped", func() bool { return c.Status().State == StateBackoff })
 		if st := c.Status(); st.LastError != codePingTimeout {
 			t.Fatalf("last error %q", st.LastError)
 		}
@@ -478,7 +479,7 @@ func TestWriteDeadlineEndsRegistration(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "the registration to be dropped", func() bool { return c.Status().State == StateBackoff })
+	testenv.WaitFor(t, "the registration to be dropped", func() bool { return c.Status().State == StateBackoff })
 	if st := c.Status(); st.LastError != codeWriteTimeout {
 		t.Fatalf("last error %q", st.LastError)
 	}
@@ -493,7 +494,7 @@ func TestRegisterTimeout(t *testing.T) {
 	cfg.Sleep = sl.sleep
 	c := newConnector(t, cfg)
 	run(t, c)
-	waitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
+	testenv.WaitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
 	if st := c.Status(); st.LastError != codeRegTimeout {
 		t.Fatalf("last error %q", st.LastError)
 	}
@@ -511,7 +512,7 @@ func TestRedirectIsRefused(t *testing.T) {
 	cfg.Sleep = sl.sleep
 	c := newConnector(t, cfg)
 	run(t, c)
-	waitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
+	testenv.WaitFor(t, "backoff", func() bool { return c.Status().State == StateBackoff })
 	if st := c.Status(); st.LastError != codeHTTP {
 		t.Fatalf("last error %q", st.LastError)
 	}
@@ -538,7 +539,7 @@ func TestRepliesAreCheckedAgainstTheirRequest(t *testing.T) {
 	if e := h.readErr(); websocket.CloseStatus(e) != websocket.StatusPolicyViolation {
 		t.Fatalf("socket ended with %v, want 1008", e)
 	}
-	waitFor(t, "a new registration", func() bool { return c.Status().Attempts >= 2 })
+	testenv.WaitFor(t, "a new registration", func() bool { return c.Status().Attempts >= 2 })
 }
 
 func TestErrorReplyReachesOnlyItsCaller(t *testing.T) {

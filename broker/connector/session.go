@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/internal/wsmsg"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -148,10 +149,14 @@ func (s *session) fail(code, detail string, status websocket.StatusCode, reason 
 // Reading
 
 func (s *session) readLoop() {
+	// Each message is lent until the next read: control messages are
+	// decoded into new values and DATA is copied into the stream's buffer.
+	var rd wsmsg.Reader
+	defer rd.Release()
 	for {
 		// The socket's lifetime, not a context, ends this read: cancelling
 		// a read's context would cut a close handshake in progress.
-		typ, data, err := s.ws.Read(context.Background())
+		typ, data, err := rd.Read(context.Background(), s.ws)
 		if err != nil {
 			s.readFailed(err)
 			return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -36,10 +37,10 @@ import (
 // secret paths, and gets cookies back.
 func TestBrokerSeesNoSecrets(t *testing.T) {
 	r := startReach(t, reachOptions{broker: brokerOptions{capture: true}})
-	pairingCode, deviceID := secret("pair-"), secret("device-")
-	apiBearer, apiCookie, dashCookie := secret("bearer-"), secret("cookie-"), secret("dashcookie-")
-	apiPath, dashPath := "/v1/"+secret("apipath-"), "/"+secret("dashpath-")
-	setCookie, relayMsg := secret("setcookie-"), secret("relay-message-")
+	pairingCode, deviceID := testenv.RandomSecret("pair-"), testenv.RandomSecret("device-")
+	apiBearer, apiCookie, dashCookie := testenv.RandomSecret("bearer-"), testenv.RandomSecret("cookie-"), testenv.RandomSecret("dashcookie-")
+	apiPath, dashPath := "/v1/"+testenv.RandomSecret("apipath-"), "/"+testenv.RandomSecret("dashpath-")
+	setCookie, relayMsg := testenv.RandomSecret("setcookie-"), testenv.RandomSecret("relay-message-")
 	r.front.api.handle(apiPath, func(w http.ResponseWriter, req *http.Request) {
 		io.WriteString(w, `{"ok":true}`)
 	})
@@ -88,18 +89,16 @@ func TestBrokerSeesNoSecrets(t *testing.T) {
 	if !sawAPI || !sawDash {
 		t.Fatalf("the upstreams did not get the secrets (API %v, Dashboard %v)", sawAPI, sawDash)
 	}
-	r.front.relay.mu.Lock()
-	relayAuth := string(r.front.relay.auths[0])
-	r.front.relay.mu.Unlock()
+	relayAuth := string(r.front.relay.Auths()[0])
 	if !strings.Contains(relayAuth, pairingCode) || !strings.Contains(relayAuth, deviceID) {
 		t.Fatalf("the Relay got %s", relayAuth)
 	}
 
 	// End every connection, so each capture ends on a frame boundary.
-	waitFor(t, "the streams to end", func() bool { return r.tb.b.Stats().ActiveStreams == 0 })
+	testenv.WaitFor(t, "the streams to end", func() bool { return r.tb.B.Stats().ActiveStreams == 0 })
 	r.stopC()
-	waitFor(t, "the host to go offline", func() bool { return r.tb.b.Stats().HostsOnline == 0 })
-	r.tb.stop()
+	testenv.WaitFor(t, "the host to go offline", func() bool { return r.tb.B.Stats().HostsOnline == 0 })
+	r.tb.Stop()
 
 	secrets := map[string]string{
 		"pairing code": pairingCode, "device id": deviceID, "Relay session token": rc.sessionToken,
@@ -155,7 +154,7 @@ func TestBrokerSeesNoSecrets(t *testing.T) {
 		t.Errorf("the host connection's capture holds only %d bytes: the streams' data is missing", len(host))
 	}
 	// Nor in anybody's logs.
-	for name, logs := range map[string]string{"broker": r.tb.logs.String(), "connector": r.clog.String()} {
+	for name, logs := range map[string]string{"broker": r.tb.Logs.String(), "connector": r.clog.String()} {
 		for what, s := range secrets {
 			if strings.Contains(logs, s) {
 				t.Errorf("the %s log contains the %s", name, what)

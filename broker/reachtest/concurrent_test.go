@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 )
 
 // TestTwoClientsNoCrossDelivery: two phones on two streams of the same host
@@ -30,7 +32,7 @@ func TestTwoClientsNoCrossDelivery(t *testing.T) {
 	phones := make([]*phone, 2)
 	for i := range phones {
 		in := r.open()
-		ws, authOK := in.relayWS(authFrame(map[string]string{"pairing_code": secret("pair-")}))
+		ws, authOK := in.relayWS(authFrame(map[string]string{"pairing_code": testenv.RandomSecret("pair-")}))
 		parseAuthOK(t, authOK)
 		phones[i] = &phone{ws: ws}
 	}
@@ -83,11 +85,11 @@ func TestTwoClientsNoCrossDelivery(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	if n := r.front.relay.frames.Load(); n != int64(2+2*rounds) {
+	if n := r.front.relay.Frames.Load(); n != int64(2+2*rounds) {
 		t.Fatalf("the Relay saw %d messages, want %d", n, 2+2*rounds)
 	}
-	if r.front.relay.upgrades.Load() != 2 || r.tb.b.Stats().ActiveStreams != 2 {
-		t.Fatalf("%d Relay sessions, %d broker streams", r.front.relay.upgrades.Load(), r.tb.b.Stats().ActiveStreams)
+	if r.front.relay.Upgrades.Load() != 2 || r.tb.B.Stats().ActiveStreams != 2 {
+		t.Fatalf("%d Relay sessions, %d broker streams", r.front.relay.Upgrades.Load(), r.tb.B.Stats().ActiveStreams)
 	}
 	t.Logf("echoed %d and %d bytes", phones[0].sent, phones[1].sent)
 }

@@ -10,27 +10,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,8 +31,8 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/server"
-	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy"
@@ -51,7 +41,7 @@ import (
 
 // step bounds every single wait, so a broken component fails a test
 // instead of hanging it. It is never an assertion about speed.
-const step = 10 * time.Second
+const step = testenv.Step
 
 // bulkDeadline bounds one bulk transfer the same way.
 const bulkDeadline = 90 * time.Second
@@ -65,103 +55,6 @@ const (
 	aliasHost     = "alias.example"
 	authorityPort = 9443
 )
-
-// ---------------------------------------------------------------------------
-// Small helpers
-
-// logSink keeps log lines so tests can check that no secret was logged, and
-// mirrors them to the test log in -v runs until the test ends.
-type logSink struct {
-	t    *testing.T
-	mu   sync.Mutex
-	buf  bytes.Buffer
-	done bool
-}
-
-func newLog(t *testing.T) (zerolog.Logger, *logSink) {
-	s := &logSink{t: t}
-	t.Cleanup(func() {
-		s.mu.Lock()
-		s.done = true
-		s.mu.Unlock()
-	})
-	return zerolog.New(s).Level(zerolog.DebugLevel), s
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.buf.Len() < 8<<20 {
-		l.buf.Write(p)
-	}
-	if !l.done && testing.Verbose() {
-		l.t.Log(strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
-}
-
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// waitFor polls cond until it holds or step passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(step)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// secret returns a fresh random marker that cannot occur by chance.
-func secret(prefix string) string {
-	b := make([]byte, 16)
-	rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
-// writeCert creates a self-signed broker certificate for 127.0.0.1 and
-// returns its files and a pool trusting it (the test CA).
-func writeCert(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: "reach test broker"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
-}
 
 // ---------------------------------------------------------------------------
 // Broker
@@ -178,20 +71,10 @@ type brokerOptions struct {
 }
 
 type testBroker struct {
-	t         *testing.T
-	cfg       server.Config
-	capture   bool
-	tlsCert   tls.Certificate
-	pool      *x509.CertPool
-	addr      string
+	*testenv.Broker
 	hostID    string
 	hostToken wire.Secret
-	logs      *logSink
-
-	b      *server.Broker
-	ln     *trackingListener
-	cancel context.CancelFunc
-	done   chan error
+	ln        *trackingListener // the running broker's
 
 	mu   sync.Mutex
 	recs []*client.Recorder // capture: one per accepted connection
@@ -199,86 +82,27 @@ type testBroker struct {
 
 func startBroker(t *testing.T, o brokerOptions) *testBroker {
 	t.Helper()
-	dir := t.TempDir()
-	certFile, keyFile, pool := writeCert(t, dir)
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := server.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
-	cfg.HostsFile = filepath.Join(dir, "hosts.json")
-	cfg.StateFile = filepath.Join(dir, "state.json")
-	cfg.AttemptsPerMinute = 100000
-	cfg.ShutdownGrace = 2 * time.Second
-	if o.capture {
-		cfg.InsecurePlaintext = true
-		cfg.TLSCertFile, cfg.TLSKeyFile = "", ""
-	}
-	if o.mutate != nil {
-		o.mutate(&cfg)
-	}
-	hostID, token, err := store.AddHost(cfg.HostsFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := &testBroker{t: t, cfg: cfg, capture: o.capture, tlsCert: cert, pool: pool,
-		addr: "127.0.0.1:0", hostID: hostID, hostToken: token}
-	tb.start()
-	t.Cleanup(tb.stop)
+	tb := &testBroker{}
+	tb.Broker = testenv.StartBroker(t, testenv.BrokerOptions{
+		Mutate:    o.mutate,
+		Plaintext: o.capture,
+		Listen: func(b *testenv.Broker, raw net.Listener) net.Listener {
+			tb.ln = &trackingListener{Listener: raw, conns: map[net.Conn]struct{}{}}
+			if !o.capture {
+				return tb.ln
+			}
+			return &recordingListener{
+				Listener: tls.NewListener(tb.ln, &tls.Config{
+					MinVersion:   tls.VersionTLS12,
+					Certificates: []tls.Certificate{b.Cert},
+					NextProtos:   []string{"http/1.1"},
+				}),
+				tb: tb,
+			}
+		},
+	})
+	tb.hostID, tb.hostToken = tb.Hosts[0].ID, tb.Hosts[0].Token
 	return tb
-}
-
-// start serves on tb.addr: a new port the first time, the same one after
-// stop or kill.
-func (tb *testBroker) start() {
-	t := tb.t
-	t.Helper()
-	raw, err := net.Listen("tcp", tb.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb.addr = raw.Addr().String()
-	tb.ln = &trackingListener{Listener: raw, conns: map[net.Conn]struct{}{}}
-	var ln net.Listener = tb.ln
-	if tb.capture {
-		ln = &recordingListener{
-			Listener: tls.NewListener(tb.ln, &tls.Config{
-				MinVersion:   tls.VersionTLS12,
-				Certificates: []tls.Certificate{tb.tlsCert},
-				NextProtos:   []string{"http/1.1"},
-			}),
-			tb: tb,
-		}
-	}
-	lg, sink := newLog(t)
-	tb.logs = sink
-	b, err := server.New(tb.cfg, lg.Level(zerolog.InfoLevel))
-	if err != nil {
-		raw.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tb.b, tb.cancel, tb.done = b, cancel, make(chan error, 1)
-	go func() { tb.done <- b.ServeListener(ctx, ln) }()
-}
-
-// stop shuts the broker down gracefully.
-func (tb *testBroker) stop() {
-	if tb.cancel == nil {
-		return
-	}
-	tb.cancel()
-	tb.cancel = nil
-	select {
-	case err := <-tb.done:
-		if err != nil {
-			tb.t.Errorf("broker: %v", err)
-		}
-	case <-time.After(2 * step):
-		tb.t.Error("the broker did not stop")
-	}
 }
 
 // kill stops the broker the way a crash does, as far as a process can do
@@ -286,28 +110,19 @@ func (tb *testBroker) stop() {
 // WebSocket close, and the state file is put back to what was on disk at
 // that moment (the graceful shutdown that follows must not save anything
 // a killed process would have lost).
-func (tb *testBroker) kill() {
-	t := tb.t
+func (tb *testBroker) kill(t *testing.T) {
 	t.Helper()
-	state, err := os.ReadFile(tb.cfg.StateFile)
+	state, err := os.ReadFile(tb.Cfg.StateFile)
 	if err != nil {
 		t.Fatalf("state file at the kill: %v", err)
 	}
 	tb.ln.Close()
 	tb.ln.cutAll()
-	tb.cancel()
-	tb.cancel = nil
-	select {
-	case <-tb.done: // an error is expected: the listener was cut
-	case <-time.After(2 * step):
-		t.Fatal("the killed broker did not stop")
-	}
-	if err := os.WriteFile(tb.cfg.StateFile, state, 0o600); err != nil {
+	tb.Halt() // an error is expected: the listener was cut
+	if err := os.WriteFile(tb.Cfg.StateFile, state, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
-
-func (tb *testBroker) url() string { return "wss://" + tb.addr + wire.ConnectPath }
 
 func (tb *testBroker) recorders() []*client.Recorder {
 	tb.mu.Lock()
@@ -382,77 +197,6 @@ func (l *recordingListener) Accept() (net.Conn, error) {
 // ---------------------------------------------------------------------------
 // Fake upstreams
 
-// fakeRelay speaks the Relay's first-frame authentication: the client's
-// first message is its auth frame, the answer an auth.ok carrying the
-// session token the client presented or a new random one; then it echoes.
-// It counts every message a client got through to it.
-type fakeRelay struct {
-	srv      *httptest.Server
-	upgrades atomic.Int64
-	frames   atomic.Int64
-
-	mu       sync.Mutex
-	auths    [][]byte // the first frame of each session
-	sessions []string // the session tokens handed out
-}
-
-func newFakeRelay(t *testing.T) *fakeRelay {
-	f := &fakeRelay{}
-	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
-			io.WriteString(w, `{"ok":true}`)
-			return
-		}
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer c.CloseNow()
-		f.upgrades.Add(1)
-		c.SetReadLimit(4 << 20)
-		ctx := r.Context()
-		_, first, err := c.Read(ctx)
-		if err != nil {
-			return
-		}
-		f.frames.Add(1)
-		var auth struct {
-			Payload struct {
-				SessionToken string `json:"session_token"`
-			} `json:"payload"`
-		}
-		json.Unmarshal(first, &auth)
-		sess := auth.Payload.SessionToken
-		if sess == "" {
-			sess = secret("relay-session-")
-		}
-		f.mu.Lock()
-		if len(f.auths) < 100 {
-			f.auths = append(f.auths, first)
-			f.sessions = append(f.sessions, sess)
-		}
-		f.mu.Unlock()
-		sessJSON, _ := json.Marshal(sess)
-		ok := `{"channel":"system","type":"auth.ok","id":"1","payload":{"session_token":` + string(sessJSON) +
-			`,"server_version":"0.9.1","expires_at":null}}`
-		if c.Write(ctx, websocket.MessageText, []byte(ok)) != nil {
-			return
-		}
-		for {
-			typ, msg, err := c.Read(ctx)
-			if err != nil {
-				return
-			}
-			f.frames.Add(1)
-			if c.Write(ctx, typ, msg) != nil {
-				return
-			}
-		}
-	}))
-	t.Cleanup(f.srv.Close)
-	return f
-}
-
 // seenRequest is what an upstream recorded of one request.
 type seenRequest struct {
 	path, authorization, cookie string
@@ -515,7 +259,7 @@ type testFront struct {
 	srv   *proxy.Server
 	opts  proxy.Options
 	idCfg pinning.IdentityConfig
-	relay *fakeRelay
+	relay *testenv.FakeRelay
 	api   *fakeUpstream
 	dash  *fakeUpstream
 }
@@ -527,7 +271,7 @@ func startFront(t *testing.T, c *connector.Connector, limits func(*proxy.Limits)
 			StateDir:  filepath.Join(t.TempDir(), "identity"),
 			Authority: pinning.Authority{Host: authorityHost, Port: authorityPort},
 		},
-		relay: newFakeRelay(t),
+		relay: testenv.NewFakeRelay(t),
 		api:   newFakeUpstream(t, "/health", `{"status":"ok"}`),
 		dash:  newFakeUpstream(t, "/api/health", `{"status":"ok","auth_required":true}`),
 	}
@@ -542,11 +286,11 @@ func startFront(t *testing.T, c *connector.Connector, limits func(*proxy.Limits)
 		limits(&lim)
 	}
 	u := func(s string) *url.URL { v, _ := url.Parse(s); return v }
-	lg, _ := newLog(t)
+	lg, _ := testenv.NewLog(t)
 	f.opts = proxy.Options{
 		AuthorityHost: authorityHost, AuthorityPort: authorityPort,
 		ExtraNames: []string{aliasHost},
-		Upstreams:  proxy.Upstreams{Relay: u(f.relay.srv.URL), API: u(f.api.srv.URL), Dashboard: u(f.dash.srv.URL)},
+		Upstreams:  proxy.Upstreams{Relay: u(f.relay.Srv.URL), API: u(f.api.srv.URL), Dashboard: u(f.dash.srv.URL)},
 		Limits:     lim,
 		Relay:      relay.Options{Handoff: c.Handoff()},
 		Log:        lg.Level(zerolog.InfoLevel),
@@ -586,10 +330,10 @@ func (f *testFront) rotate(t *testing.T) {
 // ---------------------------------------------------------------------------
 // Connector
 
-func connectorConfig(t *testing.T, tb *testBroker) (connector.Config, *logSink) {
-	lg, sink := newLog(t)
+func connectorConfig(t *testing.T, tb *testBroker) (connector.Config, *testenv.LogSink) {
+	lg, sink := testenv.NewLog(t)
 	return connector.Config{
-		BrokerURL: tb.url(), HostID: tb.hostID, Token: tb.hostToken, RootCAs: tb.pool, Log: lg,
+		BrokerURL: tb.URL(), HostID: tb.hostID, Token: tb.hostToken, RootCAs: tb.Pool, Log: lg,
 		BackoffBase: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 	}, sink
 }
@@ -622,7 +366,7 @@ type reach struct {
 	t     *testing.T
 	tb    *testBroker
 	c     *connector.Connector
-	clog  *logSink
+	clog  *testenv.LogSink
 	front *testFront
 	stopC func()
 }
@@ -646,7 +390,7 @@ func startReach(t *testing.T, o reachOptions) *reach {
 	}
 	front := startFront(t, c, o.limits)
 	stop := runConnector(t, c)
-	waitFor(t, "the connector to register", func() bool { return c.Status().State == connector.StateConnected })
+	testenv.WaitFor(t, "the connector to register", func() bool { return c.Status().State == connector.StateConnected })
 	return &reach{t: t, tb: tb, c: c, clog: sink, front: front, stopC: stop}
 }
 
@@ -661,13 +405,13 @@ func (r *reach) bootstrap() wire.Secret {
 }
 
 func (r *reach) clientConfig(kind wire.Kind, token wire.Secret) client.Config {
-	lg, _ := newLog(r.t)
+	lg, _ := testenv.NewLog(r.t)
 	return client.Config{
-		BrokerURL:      r.tb.url(),
+		BrokerURL:      r.tb.URL(),
 		HostID:         r.tb.hostID,
 		CredentialKind: string(kind),
 		Token:          token,
-		RootCAs:        r.tb.pool,
+		RootCAs:        r.tb.Pool,
 		DialTimeout:    step,
 		Log:            lg,
 	}
@@ -753,33 +497,7 @@ func (in *innerConn) get(path string, hdr http.Header) (*http.Response, []byte) 
 // it returns the socket and the Relay's answer.
 func (in *innerConn) relayWS(authFrame string) (*websocket.Conn, []byte) {
 	in.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), step)
-	defer cancel()
-	used := false
-	ws, _, err := websocket.Dial(ctx, fmt.Sprintf("wss://%s:%d/relay/ws", authorityHost, authorityPort), &websocket.DialOptions{
-		HTTPClient: &http.Client{Transport: &http.Transport{
-			DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
-				if used {
-					return nil, errors.New("one connection only")
-				}
-				used = true
-				return in.tc, nil
-			},
-		}},
-	})
-	if err != nil {
-		in.t.Fatalf("relay upgrade: %v", err)
-	}
-	in.t.Cleanup(func() { ws.CloseNow() })
-	ws.SetReadLimit(4 << 20)
-	if err := ws.Write(ctx, websocket.MessageText, []byte(authFrame)); err != nil {
-		in.t.Fatal(err)
-	}
-	_, msg, err := ws.Read(ctx)
-	if err != nil {
-		in.t.Fatalf("auth answer: %v", err)
-	}
-	return ws, msg
+	return testenv.RelayWS(in.t, in.tc, fmt.Sprintf("wss://%s:%d/relay/ws", authorityHost, authorityPort), authFrame)
 }
 
 // routeCredential is what a phone keeps from its first Relay session

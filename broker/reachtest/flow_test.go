@@ -17,6 +17,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
@@ -177,7 +178,7 @@ func TestBulkDownloadDoesNotStarveOtherStreams(t *testing.T) {
 		t.Fatalf("the loop ended at %d of %d bytes: it did not overlap the download", atLoopEnd, res.n)
 	}
 	t.Logf("downloaded %d bytes byte-exact; the 20 small requests finished at byte %d", res.n, atLoopEnd)
-	st := r.tb.b.Stats()
+	st := r.tb.B.Stats()
 	if n := st.Counts["stream:slow_consumer"] + st.Counts["stream:write_failed"]; n != 0 {
 		t.Fatalf("broker cut %d streams: %v", n, st.Counts)
 	}
@@ -259,7 +260,7 @@ func TestFastUploaderIsPausedNotCut(t *testing.T) {
 	if otherErr != nil {
 		t.Fatal(otherErr)
 	}
-	st := r.tb.b.Stats()
+	st := r.tb.B.Stats()
 	t.Logf("broker counts %v; connector counts %v", st.Counts, r.c.Counts())
 	if st.Counts["paused:client"] == 0 {
 		t.Fatal("the broker never paused the uploader: the test did not exercise backpressure")
@@ -320,7 +321,7 @@ func TestStalledReaderGets1013OthersContinue(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
-	waitFor(t, "the other stream to work", func() bool { return requests.Load() >= 3 })
+	testenv.WaitFor(t, "the other stream to work", func() bool { return requests.Load() >= 3 })
 
 	if err := stuck.writeRequest(http.MethodGet, "/api/endless", nil, nil, 0); err != nil {
 		t.Fatal(err)
@@ -331,8 +332,8 @@ func TestStalledReaderGets1013OthersContinue(t *testing.T) {
 		t.Fatalf("/api/endless: %v %v", resp, err)
 	}
 	// From here on the stuck client reads nothing.
-	waitFor(t, "the broker to close the stalled stream", func() bool {
-		return r.tb.b.Stats().Counts["stream:slow_consumer"] == 1
+	testenv.WaitFor(t, "the broker to close the stalled stream", func() bool {
+		return r.tb.B.Stats().Counts["stream:slow_consumer"] == 1
 	})
 	select {
 	case err := <-writeErr:
@@ -343,7 +344,7 @@ func TestStalledReaderGets1013OthersContinue(t *testing.T) {
 		t.Fatal("the host side of the stalled stream was not closed")
 	}
 	before := requests.Load()
-	waitFor(t, "the other stream to continue after the close", func() bool { return requests.Load() >= before+5 })
+	testenv.WaitFor(t, "the other stream to continue after the close", func() bool { return requests.Load() >= before+5 })
 	close(stopOther)
 	if err := <-otherErr; err != nil {
 		t.Fatal(err)
@@ -361,7 +362,7 @@ func TestStalledReaderGets1013OthersContinue(t *testing.T) {
 	}
 	t.Logf("the stalled client had %d bytes on their way of %d written; the other stream did %d requests",
 		n, written.Load(), requests.Load())
-	if r.c.Status().State != connector.StateConnected || r.tb.b.Stats().HostsOnline != 1 {
+	if r.c.Status().State != connector.StateConnected || r.tb.B.Stats().HostsOnline != 1 {
 		t.Fatal("the host registration did not survive the slow consumer")
 	}
 }

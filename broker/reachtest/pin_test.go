@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 )
@@ -35,16 +36,16 @@ func TestInnerTLSFailsBeforeAnyRelayFrame(t *testing.T) {
 		completed := r.c.Status().CompletedStreams
 		in, err := r.dialTLS(wire.KindBootstrap, r.bootstrap(), serverName, pin, nil)
 		if err == nil {
-			in.relayWS(authFrame(map[string]string{"pairing_code": secret("pair-")}))
+			in.relayWS(authFrame(map[string]string{"pairing_code": testenv.RandomSecret("pair-")}))
 			in.tc.Close()
 			in2, err2 := r.dialTLS(wire.KindBootstrap, r.bootstrap(), serverName, pin, nil)
 			if err2 == nil {
-				in2.get("/api/sessions", http.Header{"Authorization": {"Bearer " + secret("api-")}})
+				in2.get("/api/sessions", http.Header{"Authorization": {"Bearer " + testenv.RandomSecret("api-")}})
 			}
 			return nil
 		}
-		waitFor(t, "the front to have seen the stream", func() bool { return r.c.Status().CompletedStreams > completed })
-		if n, u, a := r.front.relay.frames.Load(), r.front.relay.upgrades.Load(), r.front.api.requests.Load(); n+u+a != 0 {
+		testenv.WaitFor(t, "the front to have seen the stream", func() bool { return r.c.Status().CompletedStreams > completed })
+		if n, u, a := r.front.relay.Frames.Load(), r.front.relay.Upgrades.Load(), r.front.api.requests.Load(); n+u+a != 0 {
 			t.Fatalf("after a refused handshake the Relay saw %d upgrades and %d frames, the API %d requests", u, n, a)
 		}
 		t.Logf("%s: %v", serverName, err)
@@ -75,7 +76,7 @@ func TestInnerTLSFailsBeforeAnyRelayFrame(t *testing.T) {
 	if err := attempt(authorityHost, r.front.pin()); err != nil {
 		t.Fatalf("the current pin: %v", err)
 	}
-	if n, a := r.front.relay.frames.Load(), r.front.api.requests.Load(); n != 1 || a != 1 {
+	if n, a := r.front.relay.Frames.Load(), r.front.api.requests.Load(); n != 1 || a != 1 {
 		t.Fatalf("with the right pin the Relay saw %d frames and the API %d requests, want 1 and 1", n, a)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -101,14 +102,14 @@ func (rl *rawListener) conns() [][]byte {
 // a route credential handed out before the crash still opens a stream.
 func TestBrokerRestartKeepsRoutesAndNeverDowngrades(t *testing.T) {
 	r := startReach(t, reachOptions{})
-	rc, ws := getRoute(t, r, secret("pair-"), secret("device-"))
+	rc, ws := getRoute(t, r, testenv.RandomSecret("pair-"), testenv.RandomSecret("device-"))
 	echo(t, ws, "before the crash")
 	attempts := r.c.Status().Attempts
 
-	r.tb.kill()
-	waitFor(t, "the connector to notice", func() bool { return r.c.Status().State != connector.StateConnected })
-	raw := listenRaw(t, r.tb.addr)
-	waitFor(t, "the connector to try the plaintext listener twice", func() bool { return len(raw.conns()) >= 2 })
+	r.tb.kill(t)
+	testenv.WaitFor(t, "the connector to notice", func() bool { return r.c.Status().State != connector.StateConnected })
+	raw := listenRaw(t, r.tb.Addr)
+	testenv.WaitFor(t, "the connector to try the plaintext listener twice", func() bool { return len(raw.conns()) >= 2 })
 
 	// A client with the route credential tries too.
 	ctx, cancel := context.WithTimeout(context.Background(), step)
@@ -156,8 +157,8 @@ func TestBrokerRestartKeepsRoutesAndNeverDowngrades(t *testing.T) {
 		}
 	}
 
-	r.tb.start() // same port, same hosts and state files
-	waitFor(t, "the connector to register again", func() bool {
+	r.tb.Start() // same port, same hosts and state files
+	testenv.WaitFor(t, "the connector to register again", func() bool {
 		st := r.c.Status()
 		return st.State == connector.StateConnected && st.Attempts > attempts
 	})

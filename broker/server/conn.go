@@ -36,9 +36,11 @@ var ErrTooBig = errors.New("reach: message exceeds the read limit")
 // core never calls Write concurrently with itself, but calls Read, Write,
 // Ping and Close from different goroutines.
 type MessageConn interface {
-	// Read returns the next data message. Control frames are handled
-	// inside (pongs complete a pending Ping). An error means the socket is
-	// unusable; ErrTooBig means the message exceeded the read limit.
+	// Read returns the next data message. The slice is valid only until
+	// the next Read (transports reuse one buffer): the core copies what it
+	// queues. Control frames are handled inside (pongs complete a pending
+	// Ping). An error means the socket is unusable; ErrTooBig means the
+	// message exceeded the read limit.
 	Read(ctx context.Context) (MessageType, []byte, error)
 	// Write sends one message. The broker bounds each call with a deadline
 	// on ctx; a transport may cut the socket when ctx ends mid-write.

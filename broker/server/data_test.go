@@ -341,6 +341,48 @@ func TestIdleStreamIsClosed(t *testing.T) {
 	}
 }
 
+// Idle means no payload bytes in either direction: a download with no
+// client bytes is not idle, and answered pings do not keep a stream alive.
+func TestIdleCountsPayloadNotPingsNorDirection(t *testing.T) {
+	se := newStreamEnv(t, func(c *Config) {
+		c.IdleTimeout = 500 * time.Millisecond
+		c.PingInterval = 40 * time.Millisecond
+		c.PongTimeout = 10 * time.Second // the host is not read in between
+	})
+	idle, _ := se.open()
+	down, downID := se.open()
+	// The idle client reads all along, so every ping to it is answered.
+	idleEnd := make(chan *closeError, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), step)
+		defer cancel()
+		_, _, err := idle.Read(ctx)
+		ce, _ := err.(*closeError)
+		idleEnd <- ce
+	}()
+	for i := 0; i < 12; i++ { // 1.2 s of host → client bytes only
+		time.Sleep(100 * time.Millisecond)
+		sendBinary(t, se.host, dataFrame(downID, []byte("v")))
+		if got := readBinary(t, down); string(got) != "v" {
+			t.Fatalf("download got %q", got)
+		}
+	}
+	select {
+	case ce := <-idleEnd:
+		if ce == nil || ce.Code != wire.CloseTryAgain || ce.Reason != "idle" {
+			t.Fatalf("idle client ended with %+v, want 1013 idle", ce)
+		}
+	case <-time.After(step):
+		t.Fatal("the pinged but idle stream was not closed")
+	}
+	if n := se.b.Stats().Counts["stream:idle"]; n != 1 {
+		t.Fatalf("%d idle closes, want 1 (the download must stay open)", n)
+	}
+	if se.b.Stats().ActiveStreams != 1 {
+		t.Fatal("the download-only stream was closed")
+	}
+}
+
 func TestShutdownClosesEverything(t *testing.T) {
 	se := newStreamEnv(t, nil)
 	c, id := se.open()

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -49,6 +50,28 @@ type env struct {
 	hosts  [2]testHost
 	served sync.WaitGroup
 	pipeN  int
+	logs   logBuffer // every line of every broker this env started, debug included
+}
+
+// logBuffer keeps log lines so tests can check that no secret was logged.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.buf.Len() < 4<<20 {
+		l.buf.Write(p)
+	}
+	return len(p), nil
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 type testHost struct {
@@ -92,7 +115,11 @@ func newEnv(t *testing.T, mutate func(*Config)) *env {
 
 func (e *env) start() {
 	e.t.Helper()
-	b, err := New(e.cfg, zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.InfoLevel))
+	lg := zerolog.New(zerolog.MultiLevelWriter(&e.logs, &zerolog.FilteredLevelWriter{
+		Writer: zerolog.LevelWriterAdapter{Writer: zerolog.NewTestWriter(e.t)},
+		Level:  zerolog.InfoLevel,
+	}))
+	b, err := New(e.cfg, lg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

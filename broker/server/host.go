@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -307,7 +308,9 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 		return true
 	}
 	s.touch()
-	return h.enqueueDown(ctx, s, f.Payload)
+	// The payload aliases the transport's read buffer, lent only until the
+	// next Read: the queue keeps a copy of exactly the payload.
+	return h.enqueueDown(ctx, s, bytes.Clone(f.Payload))
 }
 
 // enqueueDown queues DATA for stream s's client. When that queue is full the

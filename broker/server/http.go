@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/internal/wsmsg"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -57,7 +58,9 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // Accept already answered the request
 	}
-	b.Serve(r.Context(), &wsConn{c: ws, remote: r.RemoteAddr})
+	wc := &wsConn{c: ws, remote: r.RemoteAddr}
+	b.Serve(r.Context(), wc)
+	wc.rd.Release() // Serve's reader is done with it
 }
 
 // wsFragment is the largest WebSocket frame the adapter writes; a larger
@@ -68,11 +71,12 @@ const wsFragment = 64 << 10
 // wsConn adapts a github.com/coder/websocket connection to MessageConn.
 type wsConn struct {
 	c      *websocket.Conn
+	rd     wsmsg.Reader // lends each message until the next Read
 	remote string
 }
 
 func (w *wsConn) Read(ctx context.Context) (MessageType, []byte, error) {
-	typ, data, err := w.c.Read(ctx)
+	typ, data, err := w.rd.Read(ctx, w.c)
 	if err != nil {
 		if errors.Is(err, websocket.ErrMessageTooBig) {
 			return 0, nil, fmt.Errorf("%w: %v", ErrTooBig, err)

@@ -33,6 +33,12 @@ type pipeConn struct {
 	// a test can hold the broker at that point of a session.
 	limitHook func(n int64)
 	remote    string
+	// lends makes this end behave like the WebSocket adapter: the slice
+	// Read returns is valid only until the next Read, which overwrites it,
+	// so a broker that queues it without copying corrupts the data tests.
+	// Set on the broker's end; only its single reader touches last.
+	lends bool
+	last  []byte
 
 	mu    sync.Mutex
 	pongs map[uint64]chan struct{}
@@ -65,12 +71,16 @@ func (e *closeError) Error() string { return fmt.Sprintf("closed %d %q", e.Code,
 func newPipe(capacity int, remote string) (a, b *pipeConn) {
 	sh := &pipeShared{gone: make(chan struct{})}
 	a = &pipeConn{in: make(chan pipeMsg, capacity), sh: sh, remote: remote, pongs: map[uint64]chan struct{}{}}
-	b = &pipeConn{in: make(chan pipeMsg, capacity), sh: sh, remote: "broker", pongs: map[uint64]chan struct{}{}}
+	b = &pipeConn{in: make(chan pipeMsg, capacity), sh: sh, remote: "broker", pongs: map[uint64]chan struct{}{}, lends: true}
 	a.peer, b.peer = b, a
 	return a, b
 }
 
 func (p *pipeConn) Read(ctx context.Context) (MessageType, []byte, error) {
+	for i := range p.last {
+		p.last[i] ^= 0xa5
+	}
+	p.last = nil
 	for {
 		var m pipeMsg
 		select {
@@ -105,6 +115,9 @@ func (p *pipeConn) Read(ctx context.Context) (MessageType, []byte, error) {
 		if l := p.limit.Load(); l > 0 && int64(len(m.data)) > l {
 			p.Close(1009, "")
 			return 0, nil, fmt.Errorf("%w: %d bytes", ErrTooBig, len(m.data))
+		}
+		if p.lends {
+			p.last = m.data
 		}
 		return m.typ, m.data, nil
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -392,5 +393,50 @@ func TestOpenCarriesTheHostConnectionID(t *testing.T) {
 	}
 	if m, ok := readMsg(t, c).(wire.Matched); !ok || m.StreamID != open.StreamID {
 		t.Fatalf("matched %#v", m)
+	}
+}
+
+// Tokens never reach a log line, whatever fails: refused registrations of
+// either role, a replayed bootstrap, refused and malformed control frames
+// that carry token-like text. The broker logs at debug level here.
+func TestNoTokenInLogs(t *testing.T) {
+	e := newEnv(t, nil)
+	wrong, unknown, boot := wire.NewToken(), wire.NewToken(), wire.NewToken()
+	// A host with a wrong token, and an unknown host.
+	for _, hid := range []wire.ID{e.hosts[0].id, wire.NewID()} {
+		c := e.dial()
+		e.register(c, wire.RoleHost, hid, wire.KindHost, wrong, wire.NewID())
+		if code := expectError(t, c); code != wire.CodeUnauthorized {
+			t.Fatalf("bad host registration: %s", code)
+		}
+	}
+	h := e.host(0)
+	e.publishBootstrap(h, "p1", boot)
+	c, _ := e.client(h, 0, wire.KindBootstrap, boot)
+	defer c.Close(1000, "")
+	if code := e.refused(0, wire.KindBootstrap, boot, wire.NewID()); code != wire.CodeReplayed {
+		t.Fatalf("replayed bootstrap: %s", code)
+	}
+	if code := e.refused(0, wire.KindRoute, unknown, wire.NewID()); code != wire.CodeUnauthorized {
+		t.Fatalf("unknown route: %s", code)
+	}
+	// A refused control frame, then a framing violation carrying a token.
+	sendText(t, h, fmt.Sprintf(`{"type":"publish_route","protocol_version":1,"credential_id":"bad id","token_sha256":"%s","expires_at":%d,"device_id_hash":"%s"}`,
+		unknown, time.Now().Add(time.Hour).Unix(), wrong))
+	if code := readMsg(t, h).(wire.ErrorMsg).Code; code != wire.CodeUnauthorized {
+		t.Fatalf("bad publish: %s", code)
+	}
+	sendText(t, h, fmt.Sprintf(`{"type":"register","token":"%s"}`, unknown))
+	if code := expectError(t, h); code != wire.CodeUnauthorized {
+		t.Fatalf("violation: %s", code)
+	}
+	logs := e.logs.String()
+	if !strings.Contains(logs, "registration refused") || !strings.Contains(logs, "broke the protocol") {
+		t.Fatalf("the refusals were not logged at all:\n%s", logs)
+	}
+	for name, tok := range map[string]wire.Secret{"host": e.hosts[0].token, "wrong": wrong, "unknown": unknown, "bootstrap": boot} {
+		if strings.Contains(logs, string(tok)) {
+			t.Errorf("the log contains the %s token", name)
+		}
 	}
 }

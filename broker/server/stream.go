@@ -142,6 +142,8 @@ func (s *stream) readLoop(ctx context.Context) {
 			continue // carries no bytes; DATA may not be empty
 		}
 		s.touch()
+		// SplitData copies data into new frames, so the transport may
+		// reuse its read buffer.
 		if !s.enqueueUp(ctx, data) {
 			return
 		}

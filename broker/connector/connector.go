@@ -94,9 +94,9 @@ type Status struct {
 	ActiveStreams    int        `json:"active_streams"`
 	CompletedStreams int        `json:"completed_streams"`
 	Attempts         int        `json:"attempts"`
-	LastError        string     `json:"last_error,omitempty"` // a code, e.g. "unauthorized", "replaced", "tls"
+	LastError        string     `json:"last_error"` // a code, e.g. "unauthorized", "replaced", "tls"
 	LastErrorDetail  string     `json:"last_error_detail,omitempty"`
-	ConnectedSince   *time.Time `json:"connected_since,omitempty"`
+	ConnectedSince   *time.Time `json:"connected_since"`
 	RetryAt          *time.Time `json:"retry_at,omitempty"` // next attempt, in state backoff
 }
 

@@ -119,7 +119,7 @@ func TestServeZeroConfigPinAndCurl(t *testing.T) {
 	stJSON, _ := json.Marshal(st["upstreams"])
 	requireKeys(t, "status upstreams", stJSON, "relay", "api", "dashboard")
 	stJSON, _ = json.Marshal(st["reach"])
-	requireKeys(t, "status reach", stJSON, "enabled", "state", "broker_url", "host_id", "active_streams", "completed_streams", "attempts")
+	requireKeys(t, "status reach", stJSON, "enabled", "state", "broker_url", "host_id", "active_streams", "completed_streams", "attempts", "last_error", "connected_since")
 	var ident json.RawMessage
 	if _, err := admin.NewClient(filepath.Join(dir, "state", "admin.sock")).Do(context.Background(), http.MethodGet, "/identity", nil, &ident); err != nil {
 		t.Fatalf("GET /identity: %v", err)

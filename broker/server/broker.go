@@ -54,19 +54,29 @@ type Broker struct {
 
 	persist *store.Persister
 	budget  budget
-	limiter *rateLimiter
-	dummy   wire.Digest // compared against when a host_id is unknown
+	// coalesce holds ClientWriteChunk-sized buffers for client messages
+	// made of several queued payloads; only writers busy writing hold one.
+	coalesce sync.Pool
+	limiter  *rateLimiter
+	dummy    wire.Digest // compared against when a host_id is unknown
 
-	mu        sync.Mutex
-	hostKeys  store.Hosts
-	hosts     map[wire.ID]*hostSession
-	state     *store.State
-	replay    *store.Table[wire.ID, struct{}] // connection ids, Unix seconds
-	closedIDs *store.Table[wire.ID, wire.ID]  // stream id → owner's connection id, Unix ns
-	routeLive map[wire.Digest]int
-	live      int
-	closing   bool
-	pending   map[MessageConn]struct{} // sockets that have not registered yet
+	mu       sync.Mutex
+	hostKeys store.Hosts
+	hosts    map[wire.ID]*hostSession
+	state    *store.State
+	// Accepted connection ids, Unix seconds: host and client registrations
+	// keep separate tables, so clients can never lock hosts out.
+	hostReplay   *store.ReplayCache
+	clientReplay *store.ReplayCache
+	closedIDs    *store.Table[wire.ID, wire.ID] // stream id → owner's connection id, Unix ns
+	routeLive    map[wire.Digest]int
+	// journal holds applied changes not yet in a snapshot, inflight those
+	// in the snapshot being written (commit.go).
+	journal  []*change
+	inflight []*change
+	live     int
+	closing  bool
+	pending  map[MessageConn]struct{} // sockets that have not registered yet
 
 	statsMu sync.Mutex
 	stats   map[string]int64
@@ -100,24 +110,28 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 		log.Warn().Int("hosts", len(hosts)).Int("max_hosts", cfg.MaxHosts).Msg("hosts file lists more hosts than may be online at once")
 	}
 	b := &Broker{
-		cfg:       cfg,
-		log:       log,
-		budget:    budget{max: cfg.MaxQueueBytes},
-		limiter:   newRateLimiter(cfg.AttemptsPerMinute, cfg.MaxRateSources),
-		dummy:     wire.TokenDigest(string(wire.NewToken())),
-		hostKeys:  hosts,
-		hosts:     map[wire.ID]*hostSession{},
-		state:     state,
-		replay:    store.NewTable[wire.ID, struct{}](cfg.TableEntries),
-		closedIDs: store.NewTable[wire.ID, wire.ID](cfg.TableEntries),
-		routeLive: map[wire.Digest]int{},
-		pending:   map[MessageConn]struct{}{},
-		stats:     map[string]int64{},
+		cfg:      cfg,
+		log:      log,
+		budget:   budget{max: cfg.MaxQueueBytes},
+		limiter:  newRateLimiter(cfg.AttemptsPerMinute, cfg.MaxRateSources),
+		dummy:    wire.TokenDigest(string(wire.NewToken())),
+		hostKeys: hosts,
+		hosts:    map[wire.ID]*hostSession{},
+		state:    state,
+		// One host's registrations may fill at most a sixteenth of the
+		// host table (all of a tiny one).
+		hostReplay:   store.NewReplayCache(cfg.TableEntries, max(16, cfg.TableEntries/16), 0),
+		clientReplay: store.NewReplayCache(cfg.MaxHosts*cfg.ReplayPerHost, cfg.ReplayPerHost, cfg.ReplayPerCredential),
+		closedIDs:    store.NewTable[wire.ID, wire.ID](cfg.TableEntries),
+		routeLive:    map[wire.Digest]int{},
+		pending:      map[MessageConn]struct{}{},
+		stats:        map[string]int64{},
 	}
+	b.coalesce.New = func() any { buf := make([]byte, 0, cfg.ClientWriteChunk); return &buf }
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	var bgCtx context.Context
 	bgCtx, b.bgCancel = context.WithCancel(context.Background())
-	b.persist = store.NewPersister(cfg.StateFile, b.snapshot, log)
+	b.persist = store.NewPersister(cfg.StateFile, b.snapshot, b.written, log)
 	b.bg.Add(2)
 	go func() { defer b.bg.Done(); b.persist.Run(bgCtx) }()
 	go func() { defer b.bg.Done(); b.janitor(bgCtx) }()
@@ -125,15 +139,6 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 	log.Info().Int("hosts", len(hosts)).Int("credentials", creds).Int("consumed", consumed).
 		Int("revoked", revoked).Msg("reach broker state loaded")
 	return b, nil
-}
-
-// snapshot copies the state under the lock; the persister encodes and
-// writes it outside.
-func (b *Broker) snapshot() []byte {
-	b.mu.Lock()
-	snap := b.state.Snapshot(b.cfg.now())
-	b.mu.Unlock()
-	return snap.Marshal()
 }
 
 func (b *Broker) janitor(ctx context.Context) {
@@ -148,13 +153,13 @@ func (b *Broker) janitor(ctx context.Context) {
 		now := b.cfg.now()
 		b.mu.Lock()
 		changed := b.state.Sweep(now)
-		b.replay.Sweep(now.Unix())
+		b.hostReplay.Sweep(now.Unix())
+		b.clientReplay.Sweep(now.Unix())
 		b.closedIDs.Sweep(time.Now().UnixNano())
 		b.mu.Unlock()
 		if changed {
 			b.persist.Mark()
 		}
-		b.limiter.sweep(time.Now())
 	}
 }
 
@@ -172,7 +177,11 @@ func (b *Broker) Serve(ctx context.Context, c MessageConn) {
 	stop := context.AfterFunc(b.ctx, cancel)
 	defer stop()
 
-	c.SetReadLimit(wire.MaxControlBytes + 1)
+	// A little more than the largest registration is read, so a frame
+	// just over it is answered `unauthorized` and 1008 like any bad
+	// registration (ParseRegister refuses it); only a far larger one hits
+	// the transport's limit, which closes with 1009 at once.
+	c.SetReadLimit(registerReadLimit)
 	reg, ok := b.readRegister(ctx, c)
 	if !ok {
 		return
@@ -201,6 +210,10 @@ func (b *Broker) leave(c MessageConn) {
 	b.mu.Unlock()
 	b.sessions.Done()
 }
+
+// registerReadLimit bounds the first message: MaxControlBytes plus slack to
+// tell "over 4096 bytes" from "far too big".
+const registerReadLimit = wire.MaxControlBytes + 4096
 
 // readRegister reads the first message. The 10 s limit is a timer that
 // answers `unauthorized` and closes while Read is still blocked, because a
@@ -308,15 +321,15 @@ func (b *Broker) registerHost(ctx context.Context, c MessageConn, reg wire.Regis
 	if ok := want.Equal(d); !ok || !known {
 		return nil, &wire.Error{Code: wire.CodeUnauthorized, Detail: "unknown host or wrong host token"}
 	}
-	if b.replay.Contains(reg.ConnectionID, now) {
+	if b.replayed(reg.ConnectionID, now) {
 		return nil, &wire.Error{Code: wire.CodeReplayed, Detail: "connection_id already used"}
 	}
 	old := b.hosts[reg.HostID]
 	if old == nil && len(b.hosts) >= b.cfg.MaxHosts {
 		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "max_hosts online"}
 	}
-	if !b.replay.Add(reg.ConnectionID, struct{}{}, now+int64(wire.ReplayMinTTL/time.Second), now) {
-		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay table full"}
+	if !b.hostReplay.Add(reg.ConnectionID, reg.HostID, wire.Digest{}, now+replaySeconds, now) {
+		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "host replay table full"}
 	}
 	h := b.newHostSession(ctx, c, reg, d)
 	if old != nil {
@@ -331,7 +344,7 @@ func (b *Broker) registerHost(ctx context.Context, c MessageConn, reg wire.Regis
 
 // serveClient matches a client to its host and relays its stream.
 func (b *Broker) serveClient(ctx context.Context, c MessageConn, reg wire.Register) {
-	s, gen, err := b.match(ctx, c, reg)
+	s, err := b.match(ctx, c, reg)
 	if err != nil {
 		if errors.Is(err, errShuttingDown) {
 			c.Close(wire.CloseGoingAway, "shutting down")
@@ -342,33 +355,89 @@ func (b *Broker) serveClient(ctx context.Context, c MessageConn, reg wire.Regist
 	}
 	b.count("stream:matched")
 	s.log.Debug().Str("remote", c.RemoteAddr()).Str("kind", string(s.kind)).Msg("stream matched")
-	if gen != 0 {
-		// A consumed bootstrap must be on disk before the stream carries
-		// a byte, so a restart cannot accept the token again.
-		s.pause.enter()
-		b.persist.Wait(ctx, gen)
-		s.pause.leave()
-	}
 	c.SetReadLimit(wire.MaxClientFrame + 1)
 	s.run(ctx)
 }
 
+// replayed reports whether a host or a client registration already used id
+// (b.mu held). Each role adds only to its own table, so clients filling
+// theirs never lock hosts out, but an id is accepted once across both.
+func (b *Broker) replayed(id wire.ID, now int64) bool {
+	return b.hostReplay.Seen(id, now) || b.clientReplay.Seen(id, now)
+}
+
+// replaySeconds is how long an accepted connection_id is remembered.
+const replaySeconds = int64(wire.ReplayTTL / time.Second)
+
 // match applies the spec's matching order and, on success, creates the
-// stream, queues `open` for the host and returns the persist generation a
-// consumed bootstrap must wait for.
-func (b *Broker) match(ctx context.Context, c MessageConn, reg wire.Register) (*stream, uint64, error) {
+// stream and queues `open` for the host. A bootstrap is consumed at match
+// time, but the host is told `open` only once the consumption is on disk:
+// when the state file cannot be written the consumption is undone and the
+// client is answered `unavailable`, so a restart can never accept the token
+// again and a stream never opens on a use that was not recorded.
+func (b *Broker) match(ctx context.Context, c MessageConn, reg wire.Register) (*stream, error) {
 	now := b.cfg.now()
-	sec := now.Unix()
 	d := wire.TokenDigest(string(reg.Token))
-	fail := func(code wire.Code, detail string) (*stream, uint64, error) {
-		return nil, 0, &wire.Error{Code: code, Detail: detail}
+	b.mu.Lock()
+	cred, h, err := b.admitLocked(reg, d, now)
+	if err != nil {
+		b.mu.Unlock()
+		return nil, err
 	}
+	if cred.Kind != wire.KindBootstrap {
+		b.routeLive[d]++
+		s := b.openLocked(h, c, cred)
+		b.mu.Unlock()
+		return s, nil
+	}
+	undo, err := b.state.Record(func() error {
+		if !b.state.Consume(d, now) {
+			return &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "consumed table full"}
+		}
+		return nil
+	})
+	if err != nil {
+		b.mu.Unlock()
+		return nil, err
+	}
+	ch := b.commitLocked(undo)
+	h.mu.Lock()
+	h.reserved++ // the stream's slot, held while the consumption is written
+	h.mu.Unlock()
+	b.mu.Unlock()
+
+	err = b.await(ctx, nil, ch)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closing {
-		return nil, 0, errShuttingDown
+	h.mu.Lock()
+	h.reserved--
+	ended := h.end != nil
+	h.mu.Unlock()
+	switch {
+	case errors.Is(err, wire.ErrUnavailable):
+		return nil, err
+	case err != nil || b.closing:
+		return nil, errShuttingDown
+	case ended:
+		// The bootstrap is spent: the host went away while its use was
+		// being written. The pairing is repeated with a fresh one.
+		return nil, &wire.Error{Code: wire.CodeHostOffline, Detail: "host left while the bootstrap use was written"}
 	}
-	if b.replay.Contains(reg.ConnectionID, sec) {
+	return b.openLocked(h, c, cred), nil
+}
+
+// admitLocked (b.mu held) runs the checks of the matching order and, when
+// they pass, records the connection_id. It returns the credential and the
+// host to open the stream on.
+func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time) (store.Credential, *hostSession, error) {
+	sec := now.Unix()
+	fail := func(code wire.Code, detail string) (store.Credential, *hostSession, error) {
+		return store.Credential{}, nil, &wire.Error{Code: code, Detail: detail}
+	}
+	if b.closing {
+		return store.Credential{}, nil, errShuttingDown
+	}
+	if b.replayed(reg.ConnectionID, sec) {
 		return fail(wire.CodeReplayed, "connection_id already used")
 	}
 	if b.state.IsConsumed(d, now) {
@@ -396,7 +465,7 @@ func (b *Broker) match(ctx context.Context, c MessageConn, reg wire.Register) (*
 	if h.end != nil {
 		return fail(wire.CodeHostOffline, "host registration ending")
 	}
-	if len(h.streams) >= b.cfg.MaxStreamsPerHost {
+	if len(h.streams)+h.reserved >= b.cfg.MaxStreamsPerHost {
 		return fail(wire.CodeHostBusy, "host at max_streams_per_host")
 	}
 	if len(h.ctrl)-h.replies >= 2*b.cfg.MaxStreamsPerHost {
@@ -404,20 +473,23 @@ func (b *Broker) match(ctx context.Context, c MessageConn, reg wire.Register) (*
 		// stays bounded, and the client is told the host is busy.
 		return fail(wire.CodeHostBusy, "host does not read its open messages")
 	}
-	nowNano := time.Now().UnixNano()
-	if b.replay.Room(sec) < 1 || b.closedIDs.Room(nowNano) <= b.live ||
+	if b.closedIDs.Room(time.Now().UnixNano()) <= b.live+h.reserved ||
 		(cred.Kind == wire.KindBootstrap && !b.state.CanConsume(now)) {
 		return fail(wire.CodeQuotaExceeded, "a tracking table is full")
 	}
-	replayUntil := max(cred.ExpiresAt, sec+int64(wire.ReplayMinTTL/time.Second))
-	b.replay.Add(reg.ConnectionID, struct{}{}, replayUntil, sec)
-	var gen uint64
-	if cred.Kind == wire.KindBootstrap {
-		b.state.Consume(d, now)
-		gen = b.persist.Mark()
-	} else {
-		b.routeLive[d]++
+	// Past its credential's or its host's share of the replay cache, a
+	// client is refused until entries expire; others are unaffected.
+	if !b.clientReplay.Add(reg.ConnectionID, h.id, d, sec+replaySeconds, sec) {
+		return fail(wire.CodeQuotaExceeded, "replay cache share of this credential or host is full")
 	}
+	return cred, h, nil
+}
+
+// openLocked (b.mu held) creates the stream on h and queues `open`.
+func (b *Broker) openLocked(h *hostSession, c MessageConn, cred store.Credential) *stream {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	nowNano := time.Now().UnixNano()
 	id := wire.NewID()
 	for h.streams[id] != nil || b.closedIDs.Contains(id, nowNano) {
 		id = wire.NewID()
@@ -429,7 +501,7 @@ func (b *Broker) match(ctx context.Context, c MessageConn, reg wire.Register) (*
 	open, _ := wire.Marshal(wire.Open{StreamID: id, HostConnectionID: h.connID})
 	h.ctrl = append(h.ctrl, ctrlItem{msg: open})
 	signal(h.wake)
-	return s, gen, nil
+	return s
 }
 
 // endStream decides how stream s ends; the stream's writer carries it out.

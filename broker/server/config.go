@@ -60,9 +60,16 @@ type Config struct {
 	// TableEntries bounds each tracking table (replayed connection ids,
 	// consumed digests, revoked digests, closed stream ids). Default 1,000,000.
 	TableEntries int
+	// ReplayPerCredential and ReplayPerHost bound the live client entries of
+	// the replay cache (kept 24 h + 5 min each) of one credential and of all
+	// of one host's credentials together; past either, that credential's or
+	// host's matches get quota_exceeded until entries expire. The client
+	// table is bounded by MaxHosts × ReplayPerHost. Defaults 10,000 and 50,000.
+	ReplayPerCredential int
+	ReplayPerHost       int
 	// MaxRateSources bounds the sources the rate limiter tracks at once;
-	// when every slot holds a source that is still limited, new sources are
-	// refused too. Default 65536.
+	// when it is full, the least recently seen source is forgotten.
+	// Default 65536.
 	MaxRateSources int
 	// StreamQueueFrames and StreamQueueBytes bound each stream's queue in
 	// each direction. Defaults 32 frames and 8 MiB.
@@ -71,11 +78,12 @@ type Config struct {
 	// HostQueueBytes bounds all host-bound queues of one host together.
 	// Default 8 MiB.
 	HostQueueBytes int
-	// ClientWriteChunk is the largest message written to a client. Host DATA
-	// payloads are cut into messages of this size so that "progress" of a
-	// slow reader is measured in small steps (a slow but moving reader is
-	// never cut); message boundaries mean nothing on a client socket.
-	// Default 32 KiB.
+	// ClientWriteChunk is the largest message written to a client. The
+	// host's DATA payloads queued for a client are coalesced into messages
+	// of up to this size when the writer is free (it never waits to fill
+	// one), so a bulk download reaches the Android app in few messages: it
+	// drops a tunnel once 32 messages wait unread. Message boundaries mean
+	// nothing on a client socket. Default 256 KiB.
 	ClientWriteChunk int
 	// MaxPendingReplies bounds control replies queued for a host that does
 	// not read them; the host's socket is not read meanwhile. Default 64.
@@ -134,11 +142,13 @@ func DefaultConfig() Config {
 		LogFormat:             "auto",
 		MaxCredentialsPerHost: wire.MaxCredentialsPerHost,
 		TableEntries:          wire.TrackingTableEntries,
+		ReplayPerCredential:   wire.ReplayPerCredential,
+		ReplayPerHost:         wire.ReplayPerHost,
 		MaxRateSources:        65536,
 		StreamQueueFrames:     wire.StreamQueueFrames,
 		StreamQueueBytes:      wire.StreamQueueBytes,
 		HostQueueBytes:        wire.HostQueueBytes,
-		ClientWriteChunk:      32 << 10,
+		ClientWriteChunk:      256 << 10,
 		MaxPendingReplies:     64,
 		RegisterTimeout:       wire.RegisterTimeout,
 		PingInterval:          wire.PingInterval,
@@ -205,6 +215,8 @@ func (c *Config) Validate() error {
 		{"attempts_per_minute", c.AttemptsPerMinute, 1, 1 << 20},
 		{"max_credentials_per_host", c.MaxCredentialsPerHost, 1, 1 << 20},
 		{"table_entries", c.TableEntries, 16, 1 << 28},
+		{"replay_per_credential", c.ReplayPerCredential, 1, 1 << 24},
+		{"replay_per_host", c.ReplayPerHost, 1, 1 << 24},
 		{"max_rate_sources", c.MaxRateSources, 1, 1 << 24},
 		{"stream_queue_frames", c.StreamQueueFrames, 2, 1 << 16},
 		{"stream_queue_bytes", c.StreamQueueBytes, 2 * wire.MaxHostFrameIn, 1 << 30},

@@ -32,7 +32,8 @@ func drainUntilClose(t *testing.T, c *pipeConn) ([]byte, int) {
 }
 
 func TestSlowConsumerIsClosedAndOthersContinue(t *testing.T) {
-	se := newStreamEnv(t, func(c *Config) { c.SlowConsumerTimeout = 300 * time.Millisecond })
+	// 1 KiB client messages, so the client's 4-message pipe fills.
+	se := newStreamEnv(t, func(c *Config) { c.SlowConsumerTimeout = 300 * time.Millisecond; c.ClientWriteChunk = 1024 })
 	se.pipeN = 4
 	se.host = se.env.host(0) // re-register with the small pipe
 	se.publishRoute(se.host, "r2", se.token2())

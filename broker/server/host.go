@@ -33,12 +33,15 @@ type hostSession struct {
 	mu      sync.Mutex // guards everything below and the queues of its streams
 	ctrl    []ctrlItem // text messages in order: registered, replies, opens
 	replies int        // replies in ctrl
-	streams map[wire.ID]*stream
-	rr      []*stream // streams with host-bound frames or a CLOSE to send
-	rrNext  int
-	upBytes int       // all host-bound queues together
-	upSpace broadcast // fired whenever host-bound space frees
-	end     *hostEnd
+	// reserved counts stream slots held by bootstrap matches whose
+	// consumption is being written.
+	reserved int
+	streams  map[wire.ID]*stream
+	rr       []*stream // streams with host-bound frames or a CLOSE to send
+	rrNext   int
+	upBytes  int       // all host-bound queues together
+	upSpace  broadcast // fired whenever host-bound space frees
+	end      *hostEnd
 }
 
 type ctrlItem struct {
@@ -174,36 +177,57 @@ func (h *hostSession) control(ctx context.Context, data []byte) bool {
 	return h.violation(&wire.Error{Code: wire.CodeUnauthorized, Detail: "unexpected control message"})
 }
 
-// publish stores a credential and waits until it is on disk, so the host is
-// never told `published` for something a restart would forget.
+// publish stores a credential and answers only once it is on disk, so the
+// host is never told `published` for something a restart would forget; when
+// the state file cannot be written the publish is undone and answered
+// `unavailable`.
 func (b *Broker) publish(ctx context.Context, h *hostSession, c store.Credential, now time.Time) error {
 	b.mu.Lock()
-	_, err := b.state.Publish(c, now)
-	var gen uint64
+	undo, err := b.state.Record(func() error {
+		_, err := b.state.Publish(c, now)
+		return err
+	})
+	var ch *change
 	if err == nil {
-		gen = b.persist.Mark()
+		ch = b.commitLocked(undo)
 	}
 	b.mu.Unlock()
 	if err != nil {
 		return err
 	}
+	if err := b.await(ctx, &h.pause, ch); err != nil {
+		return err
+	}
 	b.count("publish:" + string(c.Kind))
-	h.pause.enter()
-	b.persist.Wait(ctx, gen)
-	h.pause.leave()
 	return nil
 }
 
-// revoke deletes a route credential, remembers its digests as revoked and
-// closes its live streams (clients get 1008, the host CLOSE).
+// revoke deletes a route credential and remembers its digests as revoked;
+// once that is on disk it closes the credential's live streams (clients get
+// 1008, the host CLOSE) and answers `revoked`. Revoking an unknown
+// credential changes nothing and is answered at once.
 func (b *Broker) revoke(ctx context.Context, h *hostSession, credentialID string, now time.Time) error {
 	b.mu.Lock()
-	digests, err := b.state.Revoke(h.id, credentialID, now)
+	var digests []wire.Digest
+	undo, err := b.state.Record(func() (err error) {
+		digests, err = b.state.Revoke(h.id, credentialID, now)
+		return err
+	})
 	if err != nil {
 		b.mu.Unlock()
 		return err
 	}
-	gen := b.persist.Mark()
+	var ch *change
+	if len(digests) > 0 {
+		ch = b.commitLocked(undo)
+	}
+	b.mu.Unlock()
+	if ch != nil {
+		if err := b.await(ctx, &h.pause, ch); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
 	h.mu.Lock()
 	var victims []*stream
 	for _, s := range h.streams {
@@ -223,9 +247,6 @@ func (b *Broker) revoke(ctx context.Context, h *hostSession, credentialID string
 	h.mu.Unlock()
 	b.mu.Unlock()
 	b.count("revoke")
-	h.pause.enter()
-	b.persist.Wait(ctx, gen)
-	h.pause.leave()
 	return nil
 }
 

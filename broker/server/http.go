@@ -87,8 +87,33 @@ func (w *wsConn) Read(ctx context.Context) (MessageType, []byte, error) {
 }
 
 func (w *wsConn) Write(ctx context.Context, typ MessageType, data []byte) error {
+	return w.write(ctx, typ, data, nil)
+}
+
+// WriteProgress writes one message in wsFragment frames. The deadline is
+// perFragment, restarted after each fragment, and progress is called
+// after each: a slow reader that keeps accepting bytes is never cut.
+func (w *wsConn) WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	deadline := time.AfterFunc(perFragment, cancel)
+	defer deadline.Stop()
+	err := w.write(ctx, typ, data, func() {
+		progress()
+		deadline.Reset(perFragment)
+	})
+	return err
+}
+
+// write sends data as one message, fragmented above wsFragment; after is
+// called, when set, once each fragment has been written.
+func (w *wsConn) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
 	if len(data) <= wsFragment {
-		return w.c.Write(ctx, websocket.MessageType(typ), data)
+		err := w.c.Write(ctx, websocket.MessageType(typ), data)
+		if err == nil && after != nil {
+			after()
+		}
+		return err
 	}
 	wr, err := w.c.Writer(ctx, websocket.MessageType(typ))
 	if err != nil {
@@ -100,6 +125,9 @@ func (w *wsConn) Write(ctx context.Context, typ MessageType, data []byte) error 
 			return err
 		}
 		data = data[n:]
+		if after != nil {
+			after()
+		}
 	}
 	return wr.Close()
 }

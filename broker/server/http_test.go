@@ -210,6 +210,46 @@ func TestHTTPRateLimitPerSource(t *testing.T) {
 	resp.Body.Close()
 }
 
+// A full table of sources forgets the least recently seen source to admit a
+// new one (it used to refuse every newcomer), while a source over its limit
+// that keeps trying stays tracked and limited.
+func TestHTTPRateLimitTableForgetsLeastRecentlySeen(t *testing.T) {
+	w := newWSEnv(t, func(c *Config) { c.MaxRateSources = 3 })
+	status := func(ip string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", w.url(wire.ConnectPath), nil)
+		resp, err := fromIP(ip).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := 0; i < 30; i++ {
+		if s := status("127.0.0.1"); s == http.StatusTooManyRequests {
+			t.Fatalf("attempt %d limited", i+1)
+		}
+	}
+	status("127.0.0.2")
+	status("127.0.0.3")
+	if s := status("127.0.0.1"); s != http.StatusTooManyRequests {
+		t.Fatalf("31st attempt within a minute: HTTP %d", s)
+	}
+	// The table is full (.1, .2, .3; .2 least recently seen).
+	if s := status("127.0.0.4"); s == http.StatusTooManyRequests {
+		t.Fatal("a new source was refused because the table is full")
+	}
+	w.b.limiter.mu.Lock()
+	forgot, keeps, n := !w.b.limiter.m.Contains("127.0.0.2"), w.b.limiter.m.Contains("127.0.0.1"), w.b.limiter.m.Len()
+	w.b.limiter.mu.Unlock()
+	if !forgot || !keeps || n != 3 {
+		t.Fatalf("after a newcomer: forgot .2 %v, kept .1 %v, %d sources", forgot, keeps, n)
+	}
+	if s := status("127.0.0.1"); s != http.StatusTooManyRequests {
+		t.Fatalf("the limited source escaped its limit: HTTP %d", s)
+	}
+}
+
 func TestHTTPHealth(t *testing.T) {
 	w := newWSEnv(t, nil)
 	health := func() map[string]any {
@@ -374,6 +414,20 @@ func TestWebSocketRegistrationLimits(t *testing.T) {
 		}
 		if code := wsClose(t, c); code != websocket.StatusPolicyViolation {
 			t.Fatalf("close %d", code)
+		}
+	})
+	// Not only one byte over: any frame the broker can still read whole
+	// (up to twice the limit) is a bad registration, not a transport error.
+	t.Run("up to 8192 bytes is unauthorized", func(t *testing.T) {
+		for _, n := range []int{wire.MaxControlBytes + 2, wire.MaxControlBytes + 100, 2 * wire.MaxControlBytes} {
+			c := w.dialWS(t, "127.0.0.1")
+			wsSend(t, c, websocket.MessageText, bytes.Repeat([]byte(" "), n))
+			if m := wsMsg(t, c); m != (wire.ErrorMsg{Code: wire.CodeUnauthorized}) {
+				t.Fatalf("%d bytes: %#v", n, m)
+			}
+			if code := wsClose(t, c); code != websocket.StatusPolicyViolation {
+				t.Fatalf("%d bytes: close %d", n, code)
+			}
 		}
 	})
 	t.Run("larger is 1009", func(t *testing.T) {

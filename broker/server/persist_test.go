@@ -1,9 +1,14 @@
 package server
 
 import (
+	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
@@ -106,5 +111,131 @@ func TestNewRefusesMissingOrBadFiles(t *testing.T) {
 	cfg.StateFile = e.dir + "/no/such/dir/state.json"
 	if _, err := New(cfg, nopLog()); err == nil {
 		t.Fatal("a state file in a missing directory was accepted")
+	}
+}
+
+// mountTmpfs mounts a small tmpfs on a fresh directory, so tests can fill
+// the state file's file system or make it read-only for real. It must be
+// called before the broker is started, so the broker is closed before the
+// file system is unmounted.
+func mountTmpfs(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipped: mounting a tmpfs to fill it or remount it read-only needs root (CI runs these as root)")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount: %v %s", err, out)
+		}
+	})
+	return dir
+}
+
+// fillFS writes to dir until its file system is full.
+func fillFS(t *testing.T, dir string) (free func()) {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("filling: %v", err)
+			}
+			break
+		}
+	}
+	f.Close()
+	return func() { os.Remove(path) }
+}
+
+func remount(t *testing.T, dir, mode string) {
+	t.Helper()
+	if out, err := exec.Command("mount", "-o", "remount,"+mode, dir).CombinedOutput(); err != nil {
+		t.Fatalf("remount %s: %v %s", mode, err, out)
+	}
+}
+
+// A change the state file cannot hold is answered `unavailable` and leaves
+// no trace in memory; the host stays connected, what the broker already had
+// keeps working, and once the disk recovers the same requests succeed and
+// survive a restart.
+func TestStateWriteFailureAnswersUnavailable(t *testing.T) {
+	faults := []struct {
+		name    string
+		breakFS func(t *testing.T, dir string) (heal func())
+	}{
+		{"disk full", func(t *testing.T, dir string) func() { return fillFS(t, dir) }},
+		{"read-only", func(t *testing.T, dir string) func() {
+			remount(t, dir, "ro")
+			return func() { remount(t, dir, "rw") }
+		}},
+	}
+	for _, fault := range faults {
+		t.Run(fault.name, func(t *testing.T) {
+			dir := mountTmpfs(t)
+			e := newEnv(t, func(c *Config) { c.StateFile = filepath.Join(dir, "state.json") })
+			host := e.host(0)
+			keep, boot, fresh := wire.NewToken(), wire.NewToken(), wire.NewToken()
+			e.publishRoute(host, "keep", keep)
+			e.publishBootstrap(host, "pair", boot)
+
+			heal := fault.breakFS(t, dir)
+			unavailable := wire.ErrorMsg{Code: wire.CodeUnavailable}
+			e.publishRouteExp(host, "fresh", fresh, e.clock.Now().Add(time.Hour).Unix())
+			expectMsg(t, host, unavailable)
+			msg, _ := wire.Marshal(wire.PublishBootstrap{PairingID: "pair-2", TokenSHA256: wire.TokenDigest("other"), ExpiresAt: e.clock.Now().Unix() + 60})
+			sendText(t, host, string(msg))
+			expectMsg(t, host, unavailable)
+			sendText(t, host, `{"type":"revoke","protocol_version":1,"credential_kind":"route","credential_id":"keep"}`)
+			expectMsg(t, host, unavailable)
+			// A bootstrap match would consume: refused, and the host is
+			// not told `open` (its next message answers the next frame).
+			if code := e.refused(0, wire.KindBootstrap, boot, wire.NewID()); code != wire.CodeUnavailable {
+				t.Fatalf("bootstrap match with a broken state file: %s", code)
+			}
+			e.alive(host)
+			// Nothing of the refused changes stayed in memory; what was
+			// there keeps working.
+			if code := e.refused(0, wire.KindRoute, fresh, wire.NewID()); code != wire.CodeUnauthorized {
+				t.Fatalf("route whose publish failed: %s", code)
+			}
+			c, _ := e.client(host, 0, wire.KindRoute, keep)
+			c.Close(1000, "")
+			readBinary(t, host)
+			if n := e.b.Stats().Counts["state:write_failed"]; n < 4 {
+				t.Fatalf("counted %d failed state writes", n)
+			}
+			if !strings.Contains(e.logs.String(), "cannot write the broker state file") {
+				t.Fatal("the failed write was not logged")
+			}
+
+			heal()
+			e.publishRouteExp(host, "fresh", fresh, e.clock.Now().Add(time.Hour).Unix())
+			expectMsg(t, host, wire.Published{CredentialKind: wire.KindRoute, Label: "fresh"})
+			c, _ = e.client(host, 0, wire.KindBootstrap, boot)
+			c.Close(1000, "")
+			readBinary(t, host)
+			sendText(t, host, `{"type":"revoke","protocol_version":1,"credential_kind":"route","credential_id":"keep"}`)
+			expectMsg(t, host, wire.Revoked{CredentialID: "keep"})
+
+			e.restart()
+			host = e.host(0)
+			if code := e.refused(0, wire.KindBootstrap, boot, wire.NewID()); code != wire.CodeReplayed {
+				t.Fatalf("consumed bootstrap after restart: %s", code)
+			}
+			if code := e.refused(0, wire.KindRoute, keep, wire.NewID()); code != wire.CodeRevoked {
+				t.Fatalf("revoked route after restart: %s", code)
+			}
+			c, _ = e.client(host, 0, wire.KindRoute, fresh)
+			c.Close(1000, "")
+		})
 	}
 }

@@ -5,19 +5,22 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // rateLimiter allows each source perMinute connect attempts per minute as a
 // token bucket (a burst of perMinute, then one every 60/perMinute s). It
-// tracks at most max sources; a bucket that has refilled completely carries
-// no information and is evicted first. When every slot holds a source that
-// is still limited, unknown sources are refused too: the table must not
-// grow, and forgetting a limited source would let it start over.
+// tracks at most max sources in an LRU: when the table is full, a new
+// source evicts the least recently seen one in O(1), so a flood of fresh
+// addresses cannot lock every newcomer out, and a source that keeps trying
+// stays the most recently seen and keeps its bucket. A source forgotten
+// after max other sources were seen starts with a full bucket again, which
+// at worst grants one burst more.
 type rateLimiter struct {
 	mu        sync.Mutex
 	perMinute float64
-	max       int
-	m         map[string]*bucket
+	m         *simplelru.LRU[string, *bucket]
 }
 
 type bucket struct {
@@ -26,22 +29,20 @@ type bucket struct {
 }
 
 func newRateLimiter(perMinute, max int) *rateLimiter {
-	return &rateLimiter{perMinute: float64(perMinute), max: max, m: map[string]*bucket{}}
+	m, err := simplelru.NewLRU[string, *bucket](max, nil)
+	if err != nil {
+		panic(err) // max < 1: Config.Validate refuses it
+	}
+	return &rateLimiter{perMinute: float64(perMinute), m: m}
 }
 
 func (l *rateLimiter) allow(key string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	bk, ok := l.m[key]
+	bk, ok := l.m.Get(key) // marks key as most recently seen
 	if !ok {
-		if len(l.m) >= l.max {
-			l.sweepLocked(now)
-			if len(l.m) >= l.max {
-				return false
-			}
-		}
 		bk = &bucket{tokens: l.perMinute, last: now}
-		l.m[key] = bk
+		l.m.Add(key, bk)
 	}
 	bk.refill(now, l.perMinute)
 	if bk.tokens < 1 {
@@ -55,21 +56,6 @@ func (b *bucket) refill(now time.Time, perMinute float64) {
 	if d := now.Sub(b.last); d > 0 {
 		b.tokens = min(perMinute, b.tokens+d.Minutes()*perMinute)
 		b.last = now
-	}
-}
-
-func (l *rateLimiter) sweep(now time.Time) {
-	l.mu.Lock()
-	l.sweepLocked(now)
-	l.mu.Unlock()
-}
-
-func (l *rateLimiter) sweepLocked(now time.Time) {
-	for k, b := range l.m {
-		b.refill(now, l.perMinute)
-		if b.tokens >= l.perMinute {
-			delete(l.m, k)
-		}
 	}
 }
 

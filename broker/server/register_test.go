@@ -342,21 +342,83 @@ func TestBootstrapIsConsumedAtMatch(t *testing.T) {
 	expectMsg(t, host, wire.ErrorMsg{Code: wire.CodeUnauthorized})
 }
 
-func TestQuotaExceededWhenReplayTableIsFull(t *testing.T) {
+// One credential's connect–match–close loop fills only its own share of
+// the client replay cache: it gets quota_exceeded, while another credential
+// of the same host, another host and host re-registrations keep working,
+// and its entries expire after 24 h + 5 min (not the credential's 30 days).
+func TestReplayQuotaIsPerCredentialAndPerHost(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.ReplayPerCredential = 20
+		c.ReplayPerHost = 30
+		c.MaxStreamsPerRoute = 16
+	})
+	h0, h1 := e.host(0), e.host(1)
+	exp := e.clock.Now().Add(30 * 24 * time.Hour).Unix()
+	a, b, other := wire.NewToken(), wire.NewToken(), wire.NewToken()
+	for _, p := range []struct {
+		host *pipeConn
+		id   string
+		tok  wire.Secret
+	}{{h0, "a", a}, {h0, "b", b}, {h1, "other", other}} {
+		e.publishRouteExp(p.host, p.id, p.tok, exp)
+		readMsg(t, p.host)
+	}
+	loop := func(host *pipeConn, i int, tok wire.Secret, n int) {
+		t.Helper()
+		for j := 0; j < n; j++ {
+			c, _ := e.client(host, i, wire.KindRoute, tok)
+			c.Close(1000, "")
+			readBinary(t, host)
+		}
+	}
+	loop(h0, 0, a, 20)
+	if code := e.refused(0, wire.KindRoute, a, wire.NewID()); code != wire.CodeQuotaExceeded {
+		t.Fatalf("credential past its share: %s", code)
+	}
+	// The same host's other credential, another host, and host
+	// re-registrations are unaffected.
+	loop(h0, 0, b, 10)
+	loop(h1, 1, other, 15)
+	h1 = e.host(1)
+	h0 = e.host(0)
+	// Now the host's credentials together hold 30: its share is full.
+	if code := e.refused(0, wire.KindRoute, b, wire.NewID()); code != wire.CodeQuotaExceeded {
+		t.Fatalf("host past its share: %s", code)
+	}
+	loop(h1, 1, other, 1)
+	if got := e.b.Stats().Counts["refused:quota_exceeded"]; got != 2 {
+		t.Fatalf("counted %d quota refusals", got)
+	}
+
+	// Entries are kept 24 h + 5 min, then forgotten.
+	e.clock.Advance(24*time.Hour + 5*time.Minute - time.Second)
+	if code := e.refused(0, wire.KindRoute, a, wire.NewID()); code != wire.CodeQuotaExceeded {
+		t.Fatalf("a second before the entries expire: %s", code)
+	}
+	e.clock.Advance(time.Second)
+	loop(h0, 0, a, 1)
+	loop(h0, 0, b, 1)
+}
+
+// Host registrations have their own table, bounded too: when it is full,
+// hosts get quota_exceeded, and clients still match.
+func TestHostReplayTableIsSeparate(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.TableEntries = 16 })
-	host := e.host(0) // one entry: the host's connection id
+	host := e.host(0)
 	tok := wire.NewToken()
 	e.publishRoute(host, "r1", tok)
-	for i := 0; i < 15; i++ {
+	for i := 1; i < 16; i++ {
+		e.host(1)
+	}
+	p := e.dial()
+	e.register(p, wire.RoleHost, e.hosts[1].id, wire.KindHost, e.hosts[1].token, wire.NewID())
+	if code := expectError(t, p); code != wire.CodeQuotaExceeded {
+		t.Fatalf("host registration with a full host table: %s", code)
+	}
+	for i := 0; i < 3; i++ {
 		c, _ := e.client(host, 0, wire.KindRoute, tok)
 		c.Close(1000, "")
 		readBinary(t, host)
-	}
-	if code := e.refused(0, wire.KindRoute, tok, wire.NewID()); code != wire.CodeQuotaExceeded {
-		t.Fatalf("with a full replay table: %s", code)
-	}
-	if got := e.b.Stats().Counts["refused:quota_exceeded"]; got != 1 {
-		t.Fatalf("counted %d quota refusals", got)
 	}
 }
 

@@ -206,8 +206,8 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 }
 
 // writeLoop is the only goroutine writing to the client after `matched`.
-// Payloads go out in ClientWriteChunk pieces, each with the write deadline;
-// every accepted piece counts as progress for the slow-consumer rule.
+// The host's payloads go out coalesced into messages of up to
+// ClientWriteChunk bytes (takeDown).
 // broken says `matched` could not be written: flushing is pointless then.
 func (s *stream) writeLoop(ctx context.Context, broken bool) {
 	b, h := s.b, s.h
@@ -233,16 +233,16 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 			}
 			continue
 		}
-		p := s.down[0]
-		s.down[0] = nil
-		s.down = s.down[1:]
-		s.downBytes -= len(p)
+		p, n := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
 		wctx, cancel := context.WithCancel(ctx)
 		s.writeCancel = cancel
 		h.mu.Unlock()
 		signal(s.downSpace)
 
-		err := s.writeChunks(wctx, p)
+		err := s.writeMessage(wctx, p)
+		if n > 0 {
+			b.coalesce.Put(&p)
+		}
 
 		h.mu.Lock()
 		s.writeCancel = nil
@@ -256,22 +256,68 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 	}
 }
 
-func (s *stream) writeChunks(ctx context.Context, p []byte) error {
-	chunk := s.b.cfg.ClientWriteChunk
-	for len(p) > 0 {
-		c := p[:min(len(p), chunk)]
-		wctx, cancel := context.WithTimeout(ctx, s.b.cfg.WriteTimeout)
-		err := s.conn.Write(wctx, Binary, c)
-		cancel()
-		if err != nil {
-			return err
+// takeDown (h.mu held, s.down not empty) takes the next client message:
+// everything queued, up to max bytes, in one message. It never waits for
+// more to arrive, so a small message leaves as soon as the writer is free.
+// A lone payload is sent as it is (or its first max bytes); several are
+// copied into a pooled buffer, and n > 0 says the buffer must go back.
+func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int) {
+	first := s.down[0]
+	if len(first) >= max || len(s.down) == 1 {
+		msg = first[:min(len(first), max)]
+		if len(msg) == len(first) {
+			s.down[0] = nil
+			s.down = s.down[1:]
+		} else {
+			s.down[0] = first[len(msg):]
 		}
+		s.downBytes -= len(msg)
+		return msg, 0
+	}
+	bp := pool.Get().(*[]byte)
+	buf := (*bp)[:0]
+	for len(s.down) > 0 && len(buf) < max {
+		p := s.down[0]
+		k := min(len(p), max-len(buf))
+		buf = append(buf, p[:k]...)
+		if k == len(p) {
+			s.down[0] = nil
+			s.down = s.down[1:]
+		} else {
+			s.down[0] = p[k:]
+		}
+	}
+	s.downBytes -= len(buf)
+	return buf, len(buf)
+}
+
+// writeMessage writes one client message. Its deadline is WriteTimeout
+// per 64 KiB fragment on transports that can tell (the WebSocket), so a
+// 256 KiB message to a slow but moving reader is never cut, and every
+// fragment the client accepts counts as progress for the slow-consumer
+// rule.
+func (s *stream) writeMessage(ctx context.Context, p []byte) error {
+	progress := func() {
 		now := time.Now().UnixNano()
 		s.lastProgress.Store(now)
 		s.lastActive.Store(now)
-		p = p[len(c):]
 	}
-	return nil
+	if pw, ok := s.conn.(progressWriter); ok {
+		return pw.WriteProgress(ctx, Binary, p, s.b.cfg.WriteTimeout, progress)
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.b.cfg.WriteTimeout)
+	err := s.conn.Write(wctx, Binary, p)
+	cancel()
+	if err == nil {
+		progress()
+	}
+	return err
+}
+
+// progressWriter is a MessageConn that writes a message in fragments with
+// a deadline per fragment, calling progress after each.
+type progressWriter interface {
+	WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error
 }
 
 func (s *stream) finish(ctx context.Context, e streamEnd) {

@@ -10,16 +10,19 @@ import (
 )
 
 // Persister writes the state file in the background. Callers change the
-// state under their own lock, call Mark, and — when they must not answer
-// before the change is durable — Wait for the generation Mark returned.
+// state under their own lock and call Mark; a caller that must not answer
+// before its change is durable learns the outcome from the written callback,
+// which runs after every write attempt and before the next snapshot is
+// taken (so a failed change can be undone before any later write sees it).
 // The write itself (encode, fsync, rename) never runs under a caller's lock:
 // the snapshot function takes that lock only to copy the state. Marks that
 // arrive while a write is running are coalesced into the next write, so a
 // burst of publishes costs two writes, not one per publish.
 type Persister struct {
-	path string
-	snap func() []byte
-	log  zerolog.Logger
+	path    string
+	snap    func() []byte
+	written func(error)
+	log     zerolog.Logger
 
 	kick chan struct{}
 	wmu  sync.Mutex // serializes writes, so an older snapshot never lands last
@@ -33,13 +36,17 @@ type Persister struct {
 
 // NewPersister writes snap() to path (mode 0600) whenever Run sees a Mark.
 // snap must copy the state under the owner's lock and encode it outside.
-func NewPersister(path string, snap func() []byte, log zerolog.Logger) *Persister {
+// written, when not nil, is called with the outcome of every write (nil
+// once the file, its rename and its directory are fsynced), before the next
+// write starts.
+func NewPersister(path string, snap func() []byte, written func(error), log zerolog.Logger) *Persister {
 	return &Persister{
-		path:   path,
-		snap:   snap,
-		log:    log,
-		kick:   make(chan struct{}, 1),
-		doneCh: make(chan struct{}),
+		path:    path,
+		snap:    snap,
+		written: written,
+		log:     log,
+		kick:    make(chan struct{}, 1),
+		doneCh:  make(chan struct{}),
 	}
 }
 
@@ -109,7 +116,10 @@ func (p *Persister) Flush() error {
 	// every change marked up to g.
 	err := atomicfile.WriteFile(p.path, p.snap(), FileMode)
 	if err != nil {
-		p.log.Error().Err(err).Str("file", p.path).Msg("cannot write the broker state file; credentials live in memory only until a later write succeeds")
+		p.log.Error().Err(err).Str("file", p.path).Msg("cannot write the broker state file; changes are refused with `unavailable` until a write succeeds")
+	}
+	if p.written != nil {
+		p.written(err)
 	}
 
 	p.mu.Lock()

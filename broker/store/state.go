@@ -49,6 +49,55 @@ type State struct {
 	consumed   *Table[wire.Digest, struct{}]
 	revoked    *Table[wire.Digest, struct{}]
 	maxPerHost int
+	// undo, while Record runs, collects the inverse of every change.
+	undo      []func()
+	recording bool
+}
+
+// Record runs change (one of Publish, Revoke or Consume, or several) and
+// returns a function that reverts everything change did to the credentials
+// and the consumed and revoked tables. The broker keeps it until the change
+// is on disk and calls it when the state file cannot be written, so memory
+// never keeps a change that was not acknowledged. Undo functions of several
+// changes must be called newest first.
+func (s *State) Record(change func() error) (undo func(), err error) {
+	s.undo, s.recording = nil, true
+	err = change()
+	ops := s.undo
+	s.undo, s.recording = nil, false
+	revert := func() {
+		for i := len(ops) - 1; i >= 0; i-- {
+			ops[i]()
+		}
+	}
+	if err != nil {
+		revert()
+		return nil, err
+	}
+	return revert, nil
+}
+
+// note records the inverse of a change while Record runs.
+func (s *State) note(inverse func()) {
+	if s.recording {
+		s.undo = append(s.undo, inverse)
+	}
+}
+
+// tableAdd is t.Add that notes how to restore k's previous entry.
+func (s *State) tableAdd(t *Table[wire.Digest, struct{}], k wire.Digest, exp, now int64) bool {
+	old, had := t.m[k]
+	if !t.Add(k, struct{}{}, exp, now) {
+		return false
+	}
+	s.note(func() {
+		t.Remove(k)
+		if had {
+			t.m[k] = old
+			t.push(k, old.exp)
+		}
+	})
+	return true
 }
 
 // NewState returns an empty state whose consumed and revoked tables hold
@@ -99,7 +148,7 @@ func (s *State) Consume(d wire.Digest, now time.Time) bool {
 	if !ok || c.Kind != wire.KindBootstrap {
 		return false
 	}
-	if !s.consumed.Add(d, struct{}{}, c.ExpiresAt, now.Unix()) {
+	if !s.tableAdd(s.consumed, d, c.ExpiresAt, now.Unix()) {
 		return false
 	}
 	s.remove(d)
@@ -197,7 +246,7 @@ func (s *State) Revoke(host wire.ID, credentialID string, now time.Time) ([]wire
 		}
 	}
 	for _, d := range victims {
-		s.revoked.Add(d, struct{}{}, s.creds[d].ExpiresAt, n)
+		s.tableAdd(s.revoked, d, s.creds[d].ExpiresAt, n)
 		s.remove(d)
 	}
 	return victims, nil
@@ -262,6 +311,14 @@ func (s *State) LiveCredentials(host wire.ID, now time.Time) int {
 }
 
 func (s *State) put(c *Credential) {
+	if old, had := s.creds[c.Digest]; had {
+		if old.HostID != c.HostID {
+			s.remove(c.Digest)
+		}
+		s.note(func() { s.put(old) })
+	} else {
+		s.note(func() { s.remove(c.Digest) })
+	}
 	s.creds[c.Digest] = c
 	m := s.byHost[c.HostID]
 	if m == nil {
@@ -276,6 +333,7 @@ func (s *State) remove(d wire.Digest) {
 	if !ok {
 		return
 	}
+	s.note(func() { s.put(c) })
 	delete(s.creds, d)
 	if m := s.byHost[c.HostID]; m != nil {
 		delete(m, d)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -207,7 +208,7 @@ func TestPersisterCoalescesAndWritesOutsideTheLock(t *testing.T) {
 			<-release // the first write is slow
 		}
 		return []byte(`{"n":` + string(rune('0'+n)) + `}`)
-	}, zerolog.Nop())
+	}, nil, zerolog.Nop())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
@@ -242,12 +243,76 @@ func TestPersisterCoalescesAndWritesOutsideTheLock(t *testing.T) {
 }
 
 func TestPersisterReportsWriteErrors(t *testing.T) {
-	p := NewPersister(filepath.Join(t.TempDir(), "missing", "state.json"), func() []byte { return []byte("{}") }, zerolog.Nop())
+	p := NewPersister(filepath.Join(t.TempDir(), "missing", "state.json"), func() []byte { return []byte("{}") }, nil, zerolog.Nop())
 	g := p.Mark()
 	if err := p.Flush(); err == nil {
 		t.Fatal("write into a missing directory succeeded")
 	}
 	if err := p.Wait(context.Background(), g); err == nil {
 		t.Fatal("Wait hid the write error")
+	}
+}
+
+// Record's undo restores exactly what a publish, a revoke or a consume
+// changed, newest first, as the broker does after a failed state write.
+func TestRecordUndoRestoresTheState(t *testing.T) {
+	h := wire.NewID()
+	s := NewState(10, 10)
+	route := func(tok string) Credential {
+		return Credential{Kind: wire.KindRoute, HostID: h, ID: "r", Digest: wire.TokenDigest(tok), ExpiresAt: t0.Unix() + 60, DeviceIDHash: wire.TokenDigest("d")}
+	}
+	s.Publish(route("old"), t0)
+	s.Publish(Credential{Kind: wire.KindBootstrap, HostID: h, ID: "p", Digest: wire.TokenDigest("b"), ExpiresAt: t0.Unix() + 60}, t0)
+	before := s.Snapshot(t0).Marshal()
+	var undos []func()
+	for _, change := range []func() error{
+		func() error { _, err := s.Publish(route("new"), t0); return err }, // replaces "old"
+		func() error { _, err := s.Revoke(h, "r", t0); return err },
+		func() error { s.Consume(wire.TokenDigest("b"), t0); return nil },
+	} {
+		undo, err := s.Record(change)
+		if err != nil {
+			t.Fatal(err)
+		}
+		undos = append(undos, undo)
+	}
+	if bytes.Equal(s.Snapshot(t0).Marshal(), before) {
+		t.Fatal("the changes changed nothing")
+	}
+	for i := len(undos) - 1; i >= 0; i-- {
+		undos[i]()
+	}
+	if got := s.Snapshot(t0).Marshal(); !bytes.Equal(got, before) {
+		t.Fatalf("after undo:\n%s\nwant:\n%s", got, before)
+	}
+	if _, ok := s.Lookup(wire.TokenDigest("old")); !ok || s.IsRevoked(wire.TokenDigest("new"), t0) || s.IsConsumed(wire.TokenDigest("b"), t0) {
+		t.Fatal("undo left a change behind")
+	}
+}
+
+func TestReplayCacheCountsPerCredentialAndHost(t *testing.T) {
+	h1, h2 := wire.NewID(), wire.NewID()
+	c1, c2, c3 := wire.TokenDigest("1"), wire.TokenDigest("2"), wire.TokenDigest("3")
+	r := NewReplayCache(100, 3, 2)
+	add := func(h wire.ID, c wire.Digest, exp int64) bool { return r.Add(wire.NewID(), h, c, exp, 0) }
+	if !add(h1, c1, 10) || !add(h1, c1, 20) || add(h1, c1, 20) {
+		t.Fatal("per-credential cap of 2")
+	}
+	if !add(h1, c2, 20) || add(h1, c2, 20) {
+		t.Fatal("per-host cap of 3")
+	}
+	if !add(h2, c3, 20) {
+		t.Fatal("another host is unaffected")
+	}
+	id := wire.NewID()
+	if !r.Add(id, h2, c3, 20, 0) || r.Add(id, h2, c3, 20, 0) || !r.Seen(id, 19) || r.Seen(id, 20) {
+		t.Fatal("an id is accepted once, until it expires")
+	}
+	// The first entry expires at 10: room again, counted down.
+	if !r.Add(wire.NewID(), h1, c1, 30, 10) {
+		t.Fatal("an expired entry still counts")
+	}
+	if hn, cn := r.Counts(h1, c1); hn != 3 || cn != 2 {
+		t.Fatalf("counts %d %d", hn, cn)
 	}
 }

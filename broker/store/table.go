@@ -17,6 +17,8 @@ type Table[K comparable, V any] struct {
 	max int
 	m   map[K]tableEntry[V]
 	h   expiryHeap[K]
+	// onEvict, when set, hears of every entry that leaves the table.
+	onEvict func(K, V)
 }
 
 type tableEntry[V any] struct {
@@ -94,6 +96,9 @@ func (t *Table[K, V]) Add(k K, v V, exp, now int64) bool {
 
 // Remove forgets k.
 func (t *Table[K, V]) Remove(k K) {
+	if e, ok := t.m[k]; ok && t.onEvict != nil {
+		t.onEvict(k, e.v)
+	}
 	delete(t.m, k)
 	t.compact()
 }
@@ -112,6 +117,9 @@ func (t *Table[K, V]) Sweep(now int64) int {
 		it := heap.Pop(&t.h).(heapItem[K])
 		if e, ok := t.m[it.k]; ok && e.exp == it.exp {
 			delete(t.m, it.k)
+			if t.onEvict != nil {
+				t.onEvict(it.k, e.v)
+			}
 			n++
 		}
 	}

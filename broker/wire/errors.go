@@ -15,6 +15,9 @@ const (
 	CodeHostBusy           Code = "host_busy"
 	CodeQuotaExceeded      Code = "quota_exceeded"
 	CodeRevoked            Code = "revoked"
+	// CodeUnavailable is a temporary broker-side failure (its state file
+	// cannot be written): nothing changed, retry later.
+	CodeUnavailable Code = "unavailable"
 )
 
 // Error is a protocol failure with the code the peer is told. Detail is a
@@ -57,6 +60,7 @@ var (
 	ErrHostBusy           = &Error{Code: CodeHostBusy}
 	ErrQuotaExceeded      = &Error{Code: CodeQuotaExceeded}
 	ErrRevoked            = &Error{Code: CodeRevoked}
+	ErrUnavailable        = &Error{Code: CodeUnavailable}
 )
 
 // codeTable is the single list of codes: wire string, Go error, meaning.
@@ -73,6 +77,7 @@ var codeTable = []struct {
 	{CodeHostBusy, ErrHostBusy, "stream limit of the host or of the route credential reached"},
 	{CodeQuotaExceeded, ErrQuotaExceeded, "credential quota or a broker table is full"},
 	{CodeRevoked, ErrRevoked, "credential or host was revoked"},
+	{CodeUnavailable, ErrUnavailable, "temporary broker failure (its state cannot be written); retry later"},
 }
 
 // Codes lists every v1 code in table order.

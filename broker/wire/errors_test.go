@@ -7,7 +7,7 @@ import (
 
 func TestCodeTableIsComplete(t *testing.T) {
 	want := []Code{"unsupported_version", "unauthorized", "expired", "replayed",
-		"host_offline", "host_busy", "quota_exceeded", "revoked"}
+		"host_offline", "host_busy", "quota_exceeded", "revoked", "unavailable"}
 	got := Codes()
 	if len(got) != len(want) {
 		t.Fatalf("Codes() has %d entries, want %d", len(got), len(want))
@@ -34,6 +34,7 @@ func TestSentinelsMatchTheirCodeOnly(t *testing.T) {
 		CodeUnsupportedVersion: ErrUnsupportedVersion, CodeUnauthorized: ErrUnauthorized,
 		CodeExpired: ErrExpired, CodeReplayed: ErrReplayed, CodeHostOffline: ErrHostOffline,
 		CodeHostBusy: ErrHostBusy, CodeQuotaExceeded: ErrQuotaExceeded, CodeRevoked: ErrRevoked,
+		CodeUnavailable: ErrUnavailable,
 	}
 	for code, sentinel := range sentinels {
 		detailed := &Error{Code: code, Detail: "some check", Violation: true}

@@ -72,8 +72,10 @@ const (
 	// SlowConsumerTimeout: a client that reads nothing from its full
 	// client-bound queue for this long loses that stream (1013).
 	SlowConsumerTimeout = 10 * time.Second
-	// ReplayMinTTL: the minimum time a connection_id stays in the replay cache.
-	ReplayMinTTL = 24 * time.Hour
+	// ReplayTTL: how long a connection_id stays in the replay cache, 24 h
+	// plus 5 minutes of clock skew — not the credential's lifetime, so a
+	// connect loop cannot pile up entries for 30–90 days.
+	ReplayTTL = 24*time.Hour + 5*time.Minute
 	// PublishTimeout: the connector waits this long for a publish reply
 	// before releasing auth.ok without a route credential.
 	PublishTimeout = 5 * time.Second
@@ -117,6 +119,13 @@ const (
 	// TrackingTableEntries bounds each of the replay, consumed, revoked and
 	// closed-id tables.
 	TrackingTableEntries = 1_000_000
+	// ReplayPerCredential and ReplayPerHost bound the live client replay
+	// entries of one credential and of all of one host's credentials
+	// together; past either, that credential's or host's matches get
+	// quota_exceeded until entries expire. The client table as a whole is
+	// bounded by max_hosts × ReplayPerHost.
+	ReplayPerCredential = 10_000
+	ReplayPerHost       = 50_000
 )
 
 // Connector reconnect policy (spec/reach.md "Host connector" and "Host

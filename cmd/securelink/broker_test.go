@@ -1,15 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
 func TestBrokerCLI(t *testing.T) {
@@ -74,4 +80,134 @@ func TestBrokerServeRefusesPlaintextOffLoopback(t *testing.T) {
 	if err == nil || !strings.Contains(se, "insecure_plaintext") {
 		t.Fatalf("plaintext on a public address must be refused: %v %s", err, se)
 	}
+}
+
+// The broker acknowledges a consumed bootstrap and a revoke only once they
+// are on disk: `kill -9` right after them loses neither. With the state
+// file's file system full (root only: a real tmpfs), the same requests are
+// answered `unavailable` instead, and nothing of them survives.
+func TestBrokerKill9KeepsConsumedBootstrapAndRevoke(t *testing.T) {
+	dir := t.TempDir()
+	os.Chmod(dir, 0o700)
+	stateDir := filepath.Join(dir, "state")
+	os.Mkdir(stateDir, 0o700)
+	var fill func() (free func())
+	if os.Geteuid() == 0 {
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", stateDir).CombinedOutput(); err != nil {
+			t.Fatalf("mount tmpfs: %v %s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("umount", "-l", stateDir).Run() })
+		fill = func() func() {
+			f, _ := os.Create(filepath.Join(stateDir, "filler"))
+			for _, err := f.Write(make([]byte, 4096)); err == nil; _, err = f.Write(make([]byte, 4096)) {
+			}
+			f.Close()
+			return func() { os.Remove(filepath.Join(stateDir, "filler")) }
+		}
+	} else {
+		t.Log("not root: the disk-full part is skipped (mounting a tmpfs needs root)")
+	}
+	port := freePort(t)
+	cfg := filepath.Join(dir, "broker.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("listen: \"127.0.0.1:%d\"\ninsecure_plaintext: true\nhosts_file: %s\nstate_file: %s\n",
+		port, filepath.Join(dir, "hosts.json"), filepath.Join(stateDir, "state.json"))), 0o600)
+	hostID, hostToken := addHost(t, cfg)
+	url := fmt.Sprintf("ws://127.0.0.1:%d/v1/connect", port)
+	hid, _ := wire.ParseID(hostID)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dial := func(reg wire.Register) (*websocket.Conn, wire.Message) {
+		t.Helper()
+		c, _, err := websocket.Dial(ctx, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.CloseNow() })
+		reg.HostID, reg.ConnectionID = hid, wire.NewID()
+		msg, _ := wire.Marshal(reg)
+		if err := c.Write(ctx, websocket.MessageText, msg); err != nil {
+			t.Fatal(err)
+		}
+		return c, readBrokerMsg(t, ctx, c)
+	}
+	control := func(c *websocket.Conn, m wire.Message) wire.Message {
+		t.Helper()
+		msg, _ := wire.Marshal(m)
+		if err := c.Write(ctx, websocket.MessageText, msg); err != nil {
+			t.Fatal(err)
+		}
+		return readBrokerMsg(t, ctx, c)
+	}
+	host := func() *websocket.Conn {
+		t.Helper()
+		c, m := dial(wire.Register{Role: wire.RoleHost, CredentialKind: wire.KindHost, Token: wire.Secret(hostToken)})
+		if m.Type() != wire.TypeRegistered {
+			t.Fatalf("host registration: %#v", m)
+		}
+		return c
+	}
+	client := func(kind wire.Kind, tok wire.Secret) wire.Message {
+		t.Helper()
+		_, m := dial(wire.Register{Role: wire.RoleClient, CredentialKind: kind, Token: tok})
+		return m
+	}
+
+	cmd, _, stderr := startLineProc(t, "broker listening ", "broker", "serve", "--config", cfg)
+	h := host()
+	boot, route := wire.NewToken(), wire.NewToken()
+	exp := time.Now().Add(9 * time.Minute).Unix()
+	if m := control(h, wire.PublishBootstrap{PairingID: "pair", TokenSHA256: wire.TokenDigest(string(boot)), ExpiresAt: exp}); m.Type() != wire.TypePublished {
+		t.Fatalf("publish bootstrap: %#v", m)
+	}
+	if m := control(h, wire.PublishRoute{CredentialID: "route", TokenSHA256: wire.TokenDigest(string(route)), ExpiresAt: exp, DeviceIDHash: wire.TokenDigest("d")}); m.Type() != wire.TypePublished {
+		t.Fatalf("publish route: %#v", m)
+	}
+	if fill != nil {
+		free := fill()
+		if m := client(wire.KindBootstrap, boot); m != (wire.ErrorMsg{Code: wire.CodeUnavailable}) {
+			t.Fatalf("bootstrap with the state disk full: %#v", m)
+		}
+		if m := control(h, wire.Revoke{CredentialID: "route"}); m != (wire.ErrorMsg{Code: wire.CodeUnavailable}) {
+			t.Fatalf("revoke with the state disk full: %#v", m)
+		}
+		if m := client(wire.KindRoute, route); m.Type() != wire.TypeMatched {
+			t.Fatalf("route after a refused revoke: %#v", m)
+		}
+		readBrokerMsg(t, ctx, h) // its open
+		free()
+	}
+	if m := client(wire.KindBootstrap, boot); m.Type() != wire.TypeMatched {
+		t.Fatalf("bootstrap: %#v", m)
+	}
+	if m := control(h, wire.Revoke{CredentialID: "route"}); m.Type() != wire.TypeOpen {
+		t.Fatalf("the bootstrap's open: %#v", m)
+	}
+	if m := readBrokerMsg(t, ctx, h); m != (wire.Revoked{CredentialID: "route"}) {
+		t.Fatalf("revoke: %#v", m)
+	}
+	cmd.Process.Kill() // SIGKILL: no shutdown write
+	cmd.Wait()
+
+	startLineProc(t, "broker listening ", "broker", "serve", "--config", cfg)
+	host()
+	if m := client(wire.KindBootstrap, boot); m != (wire.ErrorMsg{Code: wire.CodeReplayed}) {
+		t.Fatalf("consumed bootstrap after kill -9: %#v\n%s", m, stderr.String())
+	}
+	if m := client(wire.KindRoute, route); m != (wire.ErrorMsg{Code: wire.CodeRevoked}) {
+		t.Fatalf("revoked route after kill -9: %#v", m)
+	}
+}
+
+func readBrokerMsg(t *testing.T, ctx context.Context, c *websocket.Conn) wire.Message {
+	t.Helper()
+	typ, data, err := c.Read(ctx)
+	if err != nil || typ != websocket.MessageText {
+		t.Fatalf("read: %v (%v)", err, typ)
+	}
+	m, err := wire.ParseBrokerMessage(data)
+	if err != nil {
+		t.Fatalf("broker sent %q: %v", data, err)
+	}
+	return m
 }

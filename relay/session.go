@@ -88,6 +88,10 @@ type session struct {
 	firstClient atomic.Pointer[[]byte]
 	sawFirst    bool // client→Relay pump only
 
+	// unauth is true while the session holds its source's unauthenticated
+	// slot; releaseSlot clears it once.
+	unauth atomic.Bool
+
 	inspected int  // Relay→client pump only
 	authOK    bool // Relay→client pump only
 
@@ -100,9 +104,18 @@ func newSession(b *Bridge, cl, up *websocket.Conn, remote, source string, broker
 	// not the library, detects an oversize message and closes both legs.
 	cl.SetReadLimit(b.o.MaxMessageBytes + 1)
 	up.SetReadLimit(b.o.MaxMessageBytes + 1)
-	return &session{
+	s := &session{
 		b: b, client: cl, relay: up, remote: remote, source: source, broker: broker,
 		done: make(chan struct{}),
+	}
+	s.unauth.Store(true)
+	return s
+}
+
+// releaseSlot gives back the source's unauthenticated slot, at most once.
+func (s *session) releaseSlot() {
+	if s.unauth.Swap(false) {
+		s.b.pending.release(s.source)
 	}
 }
 
@@ -142,6 +155,10 @@ func (s *session) logAt(level zerolog.Level) *zerolog.Event {
 func (s *session) end(toClient, toRelay closeSpec, cause string) {
 	s.endOnce.Do(func() {
 		close(s.done)
+		// Nothing reaches the Relay any more: the slot goes back now, not
+		// after the close handshakes (a peer that never answers holds those
+		// for seconds).
+		s.releaseSlot()
 		s.cause, s.toClient, s.toRelay = cause, toClient, toRelay
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -460,6 +477,7 @@ func (s *session) observeRelay(typ websocket.MessageType, data []byte) []byte {
 		}
 	case verdictAuthOK:
 		s.authOK = true
+		s.releaseSlot()
 		if s.broker && s.b.o.Handoff != nil {
 			return s.handoff(data)
 		}

@@ -230,6 +230,9 @@ func (d *daemon) build(e *env) (proxy.Options, *pinning.Identity, pinning.Author
 	opts.Metrics = d.metrics
 	if d.reach != nil {
 		opts.Relay.Handoff = d.reach.Handoff()
+		// Every broker stream is one "reach" source: it may hold as many
+		// unauthenticated sessions as the connector serves streams.
+		opts.Relay.MaxUnauthenticatedReach = d.reachCfg.MaxStreams
 	}
 	return opts, id, ra.Authority, nil
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -204,4 +205,58 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	if _, err := pinnedGet(t, d.addr, d.pin, "/relay/health"); err == nil {
 		t.Fatal("daemon still answering after it exited")
 	}
+}
+
+// waitReloads waits until the daemon logged n completed reloads.
+func waitReloads(t *testing.T, d *daemonProc, n int) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() string { return fmt.Sprintf("fewer than %d reloads: %s", n, d.stderr.String()) }, func() bool {
+		return strings.Count(d.stderr.String(), `"event":"reloaded"`) >= n
+	})
+}
+
+// A SIGHUP that changes nothing reports nothing; a reach section that really
+// changed is reported (the connector keeps the settings it started with).
+func TestReloadReportsOnlyRealReachChanges(t *testing.T) {
+	reachSection := func(dir string, maxStreams int) string {
+		tokenFile := filepath.Join(dir, "host.token")
+		os.WriteFile(tokenFile, []byte(strings.Repeat("t", 43)), 0o600)
+		return fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:1/v1/connect\"\n  host_id: \"AAAAAAAAAAAAAAAAAAAAAA\"\n  host_token_file: %q\n  max_streams: %d\n",
+			tokenFile, maxStreams)
+	}
+	const partial = `"event":"reload_partial"`
+	t.Run("disabled", func(t *testing.T) {
+		dir := t.TempDir()
+		cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+		d := startDaemon(t, cfgPath)
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 1)
+		if strings.Contains(d.stderr.String(), partial) {
+			t.Fatalf("an unchanged configuration with Reach disabled reported a partial reload:\n%s", d.stderr.String())
+		}
+		appendConfig(t, cfgPath, reachSection(dir, 16))
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 2)
+		if !strings.Contains(d.stderr.String(), "reach settings changed") {
+			t.Fatalf("enabling Reach by reload was not reported:\n%s", d.stderr.String())
+		}
+	})
+	t.Run("enabled", func(t *testing.T) {
+		dir := t.TempDir()
+		cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+		base, _ := os.ReadFile(cfgPath)
+		appendConfig(t, cfgPath, reachSection(dir, 16))
+		d := startDaemon(t, cfgPath)
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 1)
+		if strings.Contains(d.stderr.String(), partial) {
+			t.Fatalf("an unchanged configuration with Reach enabled reported a partial reload:\n%s", d.stderr.String())
+		}
+		os.WriteFile(cfgPath, append(base, reachSection(dir, 8)...), 0o600)
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 2)
+		if !strings.Contains(d.stderr.String(), "reach settings changed") {
+			t.Fatalf("a new reach.max_streams was not reported:\n%s", d.stderr.String())
+		}
+	})
 }

@@ -79,7 +79,7 @@ func NewBridge(o Options) (*Bridge, error) {
 	}
 	tr := &http.Transport{
 		Proxy:                  nil, // loopback service: never via an environment proxy
-		DialContext:            (&net.Dialer{Timeout: o.DialTimeout}).DialContext,
+		DialContext:            dialAbruptEOF((&net.Dialer{Timeout: o.DialTimeout}).DialContext),
 		DisableKeepAlives:      true, // a successful handshake consumes the connection anyway
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: 64 << 10,

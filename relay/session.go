@@ -218,35 +218,30 @@ func (s *session) pump(src, dst *websocket.Conn, toRelay bool) {
 	wd := &writeDeadline{s: s, conn: dst}
 	defer wd.stop()
 	for {
-		typ, rd, err := src.Reader(context.Background())
+		typ, bp, err := nextMessage(context.Background(), src, limit)
+		if errors.Is(err, errTooBig) {
+			s.end(tooBig, tooBig, "message too big")
+			return
+		}
 		if err == nil {
-			bp := msgBufs.Get().(*[]byte)
-			var data []byte
-			data, err = readMessage(rd, (*bp)[:0], limit)
-			if err == nil && int64(len(data)) > limit {
-				s.end(tooBig, tooBig, "message too big")
+			data := *bp
+			n := int64(len(data))
+			ok := s.forward(wd, typ, data, toRelay)
+			if cap(data) <= retainBufBytes {
+				*bp = data[:0]
+				msgBufs.Put(bp)
+			}
+			if !ok {
 				return
 			}
-			if err == nil {
-				n := int64(len(data))
-				ok := s.forward(wd, typ, data, toRelay)
-				if cap(data) <= retainBufBytes {
-					*bp = data[:0]
-					msgBufs.Put(bp)
-				}
-				if !ok {
-					return
-				}
-				if toRelay {
-					s.msgsIn++
-					s.bytesIn += n
-				} else {
-					s.msgsOut++
-					s.bytesOut += n
-				}
-				continue
+			if toRelay {
+				s.msgsIn++
+				s.bytesIn += n
+			} else {
+				s.msgsOut++
+				s.bytesOut += n
 			}
-			// The message buffer is dropped with the failed read.
+			continue
 		}
 		// src ended: its peer's close frame (already answered by the
 		// library) or a failure. The same code goes to both legs; on src it
@@ -259,6 +254,34 @@ func (s *session) pump(src, dst *websocket.Conn, toRelay bool) {
 		s.end(spec, spec, cause)
 		return
 	}
+}
+
+// errTooBig is nextMessage's verdict on a message over the limit.
+var errTooBig = errors.New("relay: message too big")
+
+// nextMessage reads src's next message whole: the bridge's own code on the
+// frame path. The library parses frame headers, answers control frames
+// (also between a message's fragments) and hands over the payload of the
+// message's data frames in order; readMessage counts it across fragments and
+// stops one byte past limit, so a message over limit is errTooBig however
+// its frames declared their lengths. The buffer comes from msgBufs once the
+// message has started (an idle connection holds none) and holds the message
+// on success; after an error it is dropped.
+func nextMessage(ctx context.Context, src *websocket.Conn, limit int64) (websocket.MessageType, *[]byte, error) {
+	typ, rd, err := src.Reader(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	bp := msgBufs.Get().(*[]byte)
+	data, err := readMessage(rd, (*bp)[:0], limit)
+	if err != nil {
+		return 0, nil, err
+	}
+	if int64(len(data)) > limit {
+		return 0, nil, errTooBig
+	}
+	*bp = data
+	return typ, bp, nil
 }
 
 // forward observes one message and writes it (or the handoff's result) to

@@ -88,6 +88,7 @@ type Relay struct {
 	Probes   atomic.Int64 // GET /health requests
 	Upgrades atomic.Int64 // requests to /ws, refused ones included
 	Held     atomic.Int64 // auth frames waiting on HoldAuth now
+	Received atomic.Int64 // messages read after a successful auth
 
 	t    testing.TB
 	srv  *httptest.Server
@@ -212,6 +213,7 @@ func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
 			f.ends <- EndOf(err)
 			return
 		}
+		f.Received.Add(1)
 		switch string(msg) {
 		case "close4000":
 			_ = c.Close(4000, "relay bye")

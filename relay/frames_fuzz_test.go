@@ -235,25 +235,13 @@ func FuzzFrameHeaders(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte, limitSeed uint16) {
 		limit := 1 + int64(limitSeed%8192)
 		wire, want := genFrames(in, limit)
-		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
-		fmt.Fprintf(conn, "GET /?limit=%d HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
-			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", limit)
-		br := bufio.NewReader(conn)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-			t.Fatalf("upgrade: %v %v", resp, err)
-		}
+		conn, br := rawUpgrade(t, srv.Listener.Addr().String(), fmt.Sprintf("/?limit=%d", limit))
 		// Pongs and close frames come back; drain them so no write blocks.
 		go io.Copy(io.Discard, br)
 		if _, err := conn.Write(wire); err != nil && !errors.Is(err, net.ErrClosed) {
 			t.Logf("write: %v (the server may have closed first)", err)
 		}
-		_ = conn.(*net.TCPConn).CloseWrite()
+		_ = conn.CloseWrite()
 		got := <-results
 
 		if got.panic != nil {
@@ -294,18 +282,7 @@ func FuzzFrameHeaders(f *testing.F) {
 // end.
 func TestBridgeDoesNotForwardATruncatedMessage(t *testing.T) {
 	relay, _, front := setup(t, nil, nil)
-	conn, err := net.Dial("tcp", front.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
-	fmt.Fprintf(conn, "GET /relay/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
-		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-	br := bufio.NewReader(conn)
-	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("upgrade: %v %v", resp, err)
-	}
+	conn, br := rawUpgrade(t, front.Listener.Addr().String(), "/relay/ws")
 	conn.Write(clientFrame(0x1, relaytest.AuthFrame(relaytest.GoodCode)))
 	if op, msg := readServerFrame(t, br); op != 0x1 || string(msg) != relaytest.AuthOKMsg {
 		t.Fatalf("verdict (%d) %q", op, msg)
@@ -313,7 +290,7 @@ func TestBridgeDoesNotForwardATruncatedMessage(t *testing.T) {
 	fragment := clientFrame(0x1, []byte("half a message"))
 	fragment[0] &^= 0x80 // not FIN: more fragments would follow
 	conn.Write(fragment)
-	conn.(*net.TCPConn).CloseWrite()
+	conn.CloseWrite()
 	if op, msg := readServerFrame(t, br); op != 0x8 {
 		t.Fatalf("after a truncated message the client got (%d) %q, want a close frame", op, msg)
 	}
@@ -323,4 +300,23 @@ func TestBridgeDoesNotForwardATruncatedMessage(t *testing.T) {
 	if n := relay.Received.Load(); n != 0 {
 		t.Fatalf("the Relay received %d messages, want none: the fragment went through as a message", n)
 	}
+}
+
+// rawUpgrade opens a WebSocket to addr by hand, for tests that write frames
+// the library would never send; the connection closes when the test ends.
+func rawUpgrade(t *testing.T, addr, target string) (*net.TCPConn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", target)
+	br := bufio.NewReader(c)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	return c.(*net.TCPConn), br
 }

@@ -20,6 +20,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // taggedAPI answers every request with its tag, to tell two upstreams apart.
@@ -67,9 +70,9 @@ func rewriteAPI(t *testing.T, cfgPath, from, to string) {
 
 func TestReloadUnderLoad(t *testing.T) {
 	dir := t.TempDir()
-	relay := echoRelay(t)
+	relay := relaytest.New(t, nil)
 	apiA, apiB := taggedAPI(t, "A", 0), taggedAPI(t, "B", 0)
-	cfgPath := writeConfig(t, dir, relay.URL)
+	cfgPath := writeConfig(t, dir, relay.URL.String())
 	rewriteAPI(t, cfgPath, "http://127.0.0.1:1", apiA.URL)
 	d := startDaemon(t, cfgPath)
 	oldPin := d.pin
@@ -83,7 +86,8 @@ func TestReloadUnderLoad(t *testing.T) {
 	rewriteAPI(t, cfgPath, apiA.URL, apiB.URL)
 	tlsCfg := eitherPin(oldPin, newPin)
 
-	// 50 open WebSockets through /relay/ws, on the old identity.
+	// 50 open, authenticated WebSockets through /relay/ws, on the old
+	// identity (a source may hold only 5 unauthenticated ones).
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	wsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
@@ -94,6 +98,9 @@ func TestReloadUnderLoad(t *testing.T) {
 			t.Fatalf("ws %d: %v", i, err)
 		}
 		defer c.CloseNow()
+		if v := relaytest.Authenticate(t, c, relaytest.GoodCode); v != relaytest.AuthOKMsg {
+			t.Fatalf("ws %d: verdict %s", i, v)
+		}
 		socks = append(socks, c)
 	}
 
@@ -137,7 +144,11 @@ func TestReloadUnderLoad(t *testing.T) {
 		}(w)
 	}
 	time.Sleep(300 * time.Millisecond)
-	d.cmd.Process.Signal(syscall.SIGHUP)
+	// A storm: 20 reloads while the load runs; the first applies the change.
+	for range 20 {
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		time.Sleep(25 * time.Millisecond)
+	}
 
 	// Wait until the new identity is served and the new upstream answers.
 	eventually(t, 15*time.Second, func() string { return "reload not applied; daemon: " + d.stderr.String() }, seenB.Load)
@@ -177,6 +188,23 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 		body string
 		err  error
 	}
+	// Open WebSockets must get 1001 when the daemon stops.
+	cfg, err := pinning.PinnedTLSConfig("127.0.0.1", d.pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var socks []*websocket.Conn
+	for i := 0; i < 5; i++ {
+		c, _, err := websocket.Dial(ctx, "wss://"+d.addr+"/relay/ws", &websocket.DialOptions{HTTPClient: wsClient})
+		if err != nil {
+			t.Fatalf("ws %d: %v", i, err)
+		}
+		defer c.CloseNow()
+		socks = append(socks, c)
+	}
 	res := make(chan result, 1)
 	go func() {
 		resp, err := pinnedGet(t, d.addr, d.pin, "/api/slow")
@@ -194,6 +222,12 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	r := <-res
 	if r.err != nil || r.body != "done" {
 		t.Fatalf("in-flight request cut by SIGTERM: %q %v", r.body, r.err)
+	}
+	for i, c := range socks {
+		_, _, err := c.Read(ctx)
+		if websocket.CloseStatus(err) != websocket.StatusGoingAway {
+			t.Fatalf("ws %d on SIGTERM: %v, want close 1001", i, err)
+		}
 	}
 	if err := d.cmd.Wait(); err != nil {
 		t.Fatalf("exit status after SIGTERM: %v", err)

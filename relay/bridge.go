@@ -52,6 +52,7 @@ type Bridge struct {
 	target  atomic.Pointer[target]
 	client  *http.Client
 	limiter *authLimiter
+	pending *pendingLimiter
 
 	// base is cancelled by Shutdown to abort upgrades still dialing and
 	// route-credential handoffs still running.
@@ -78,7 +79,7 @@ func NewBridge(o Options) (*Bridge, error) {
 	}
 	tr := &http.Transport{
 		Proxy:                  nil, // loopback service: never via an environment proxy
-		DialContext:            (&net.Dialer{Timeout: o.DialTimeout}).DialContext,
+		DialContext:            dialAbruptEOF((&net.Dialer{Timeout: o.DialTimeout}).DialContext),
 		DisableKeepAlives:      true, // a successful handshake consumes the connection anyway
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: 64 << 10,
@@ -97,6 +98,7 @@ func NewBridge(o Options) (*Bridge, error) {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 		limiter:  newAuthLimiter(o.AuthFailLimit, o.AuthFailWindow, o.BlockDuration, o.MaxTrackedSources),
+		pending:  newPendingLimiter(o.MaxUnauthenticated, o.MaxUnauthenticatedReach),
 		sessions: make(map[*session]struct{}),
 	}
 	b.base, b.cancelBase = context.WithCancel(context.Background())
@@ -226,6 +228,19 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.logAt(zerolog.DebugLevel, remote, source).Msg("relay: upgrade refused, source blocked")
 		return
 	}
+	// The slot is taken before the Relay is dialed and handed to the
+	// session once there is one; every earlier return gives it back.
+	if !b.pending.acquire(source) {
+		http.Error(w, "too many unauthenticated connections", http.StatusTooManyRequests)
+		b.logAt(zerolog.DebugLevel, remote, source).Msg("relay: upgrade refused, too many unauthenticated connections")
+		return
+	}
+	slotHeld := true
+	defer func() {
+		if slotHeld {
+			b.pending.release(source)
+		}
+	}()
 	if !b.admit() {
 		http.Error(w, "shutting down", http.StatusServiceUnavailable)
 		return
@@ -274,7 +289,9 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	s := newSession(b, cl, up, remote, source, broker)
+	slotHeld = false // the session releases it: at its first auth.ok or its end
 	if !b.register(s) {
+		s.releaseSlot()
 		s.end(goingAway, goingAway, "shutdown")
 		return
 	}

@@ -3,6 +3,7 @@ package relay
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -65,6 +66,9 @@ func (w smallBufWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 			return nil, nil, err
 		}
 	}
+	// The library rebuilds its reader over the returned conn (with what the
+	// reader had buffered in front), so the conn itself must read abruptly.
+	conn = abruptEOFConn{conn}
 	var src io.Reader = conn
 	size := clientReadBufBytes
 	n := brw.Reader.Buffered()
@@ -82,4 +86,37 @@ func (w smallBufWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		}
 	}
 	return conn, bufio.NewReadWriter(br, bufio.NewWriterSize(conn, clientWriteBufBytes)), nil
+}
+
+// abruptEOF reports the end of a WebSocket leg's byte stream as
+// io.ErrUnexpectedEOF. coder/websocket takes a bare io.EOF from below while a
+// message is open (between its fragments, or where a frame's payload should
+// start) for the message's end, so a peer that stopped sending mid-message
+// would have its fragment forwarded as a complete message. A WebSocket never
+// ends cleanly by EOF (that is closure without a close frame, 1006), so the
+// mapping changes nothing else.
+type abruptEOF struct{ r io.Reader }
+
+func (a abruptEOF) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// abruptEOFConn is a leg's connection with abruptEOF's reads.
+type abruptEOFConn struct{ net.Conn }
+
+func (c abruptEOFConn) Read(p []byte) (int, error) { return abruptEOF{c.Conn}.Read(p) }
+
+// dialAbruptEOF wraps dial so that the connections it makes read as abruptEOFConn.
+func dialAbruptEOF(dial func(context.Context, string, string) (net.Conn, error)) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return abruptEOFConn{c}, nil
+	}
 }

@@ -35,6 +35,12 @@ type Options struct {
 	BlockDuration     time.Duration // ... block the source's upgrades (429) for 5 min
 	MaxTrackedSources int           // 65536 sources in the limiter table
 
+	// Unauthenticated sessions a source may have at once, from admission
+	// until the Relay's first auth.ok (or the session's end); one more
+	// upgrade is a 429 before the Relay is dialed.
+	MaxUnauthenticated      int // 5 per direct source (IPv4 /32, IPv6 /64)
+	MaxUnauthenticatedReach int // 16 for the shared source "reach": the connector's stream limit
+
 	// Handoff adds the Reach route credential to a broker-arrived
 	// connection's first auth.ok. Nil unless Reach is enabled.
 	Handoff Handoff
@@ -90,6 +96,12 @@ func (o Options) WithDefaults() Options {
 	if o.MaxTrackedSources == 0 {
 		o.MaxTrackedSources = 65536
 	}
+	if o.MaxUnauthenticated == 0 {
+		o.MaxUnauthenticated = 5
+	}
+	if o.MaxUnauthenticatedReach == 0 {
+		o.MaxUnauthenticatedReach = 16
+	}
 	return o
 }
 
@@ -135,6 +147,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxTrackedSources < 1 {
 		return errors.New("relay: MaxTrackedSources must be at least 1")
+	}
+	if o.MaxUnauthenticated < 1 || o.MaxUnauthenticatedReach < 1 {
+		return errors.New("relay: MaxUnauthenticated and MaxUnauthenticatedReach must be at least 1")
 	}
 	return nil
 }

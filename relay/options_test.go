@@ -12,7 +12,7 @@ func TestOptionsDefaults(t *testing.T) {
 	if o.MaxMessageBytes != 4<<20 || o.PingInterval != 30*time.Second || o.PongTimeout != 60*time.Second ||
 		o.DialTimeout != 5*time.Second || o.WriteTimeout != 30*time.Second || o.HandoffTimeout != 5*time.Second ||
 		o.AuthFailLimit != 5 || o.AuthFailWindow != time.Minute || o.BlockDuration != 5*time.Minute ||
-		o.MaxTrackedSources != 65536 {
+		o.MaxTrackedSources != 65536 || o.MaxUnauthenticated != 5 || o.MaxUnauthenticatedReach != 16 {
 		t.Fatalf("defaults %+v", o)
 	}
 	if err := o.Validate(); err == nil {
@@ -56,6 +56,8 @@ func TestOptionsValidate(t *testing.T) {
 		"window":         func(o *Options) { o.AuthFailWindow = -1 },
 		"block":          func(o *Options) { o.BlockDuration = -1 },
 		"tracked":        func(o *Options) { o.MaxTrackedSources = -1 },
+		"unauth":         func(o *Options) { o.MaxUnauthenticated = -1 },
+		"unauth reach":   func(o *Options) { o.MaxUnauthenticatedReach = -1 },
 	} {
 		o := good()
 		mutate(&o)

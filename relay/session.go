@@ -88,6 +88,10 @@ type session struct {
 	firstClient atomic.Pointer[[]byte]
 	sawFirst    bool // client→Relay pump only
 
+	// unauth is true while the session holds its source's unauthenticated
+	// slot; releaseSlot clears it once.
+	unauth atomic.Bool
+
 	inspected int  // Relay→client pump only
 	authOK    bool // Relay→client pump only
 
@@ -100,9 +104,18 @@ func newSession(b *Bridge, cl, up *websocket.Conn, remote, source string, broker
 	// not the library, detects an oversize message and closes both legs.
 	cl.SetReadLimit(b.o.MaxMessageBytes + 1)
 	up.SetReadLimit(b.o.MaxMessageBytes + 1)
-	return &session{
+	s := &session{
 		b: b, client: cl, relay: up, remote: remote, source: source, broker: broker,
 		done: make(chan struct{}),
+	}
+	s.unauth.Store(true)
+	return s
+}
+
+// releaseSlot gives back the source's unauthenticated slot, at most once.
+func (s *session) releaseSlot() {
+	if s.unauth.Swap(false) {
+		s.b.pending.release(s.source)
 	}
 }
 
@@ -142,6 +155,10 @@ func (s *session) logAt(level zerolog.Level) *zerolog.Event {
 func (s *session) end(toClient, toRelay closeSpec, cause string) {
 	s.endOnce.Do(func() {
 		close(s.done)
+		// Nothing reaches the Relay any more: the slot goes back now, not
+		// after the close handshakes (a peer that never answers holds those
+		// for seconds).
+		s.releaseSlot()
 		s.cause, s.toClient, s.toRelay = cause, toClient, toRelay
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -201,35 +218,30 @@ func (s *session) pump(src, dst *websocket.Conn, toRelay bool) {
 	wd := &writeDeadline{s: s, conn: dst}
 	defer wd.stop()
 	for {
-		typ, rd, err := src.Reader(context.Background())
+		typ, bp, err := nextMessage(context.Background(), src, limit)
+		if errors.Is(err, errTooBig) {
+			s.end(tooBig, tooBig, "message too big")
+			return
+		}
 		if err == nil {
-			bp := msgBufs.Get().(*[]byte)
-			var data []byte
-			data, err = readMessage(rd, (*bp)[:0], limit)
-			if err == nil && int64(len(data)) > limit {
-				s.end(tooBig, tooBig, "message too big")
+			data := *bp
+			n := int64(len(data))
+			ok := s.forward(wd, typ, data, toRelay)
+			if cap(data) <= retainBufBytes {
+				*bp = data[:0]
+				msgBufs.Put(bp)
+			}
+			if !ok {
 				return
 			}
-			if err == nil {
-				n := int64(len(data))
-				ok := s.forward(wd, typ, data, toRelay)
-				if cap(data) <= retainBufBytes {
-					*bp = data[:0]
-					msgBufs.Put(bp)
-				}
-				if !ok {
-					return
-				}
-				if toRelay {
-					s.msgsIn++
-					s.bytesIn += n
-				} else {
-					s.msgsOut++
-					s.bytesOut += n
-				}
-				continue
+			if toRelay {
+				s.msgsIn++
+				s.bytesIn += n
+			} else {
+				s.msgsOut++
+				s.bytesOut += n
 			}
-			// The message buffer is dropped with the failed read.
+			continue
 		}
 		// src ended: its peer's close frame (already answered by the
 		// library) or a failure. The same code goes to both legs; on src it
@@ -242,6 +254,34 @@ func (s *session) pump(src, dst *websocket.Conn, toRelay bool) {
 		s.end(spec, spec, cause)
 		return
 	}
+}
+
+// errTooBig is nextMessage's verdict on a message over the limit.
+var errTooBig = errors.New("relay: message too big")
+
+// nextMessage reads src's next message whole: the bridge's own code on the
+// frame path. The library parses frame headers, answers control frames
+// (also between a message's fragments) and hands over the payload of the
+// message's data frames in order; readMessage counts it across fragments and
+// stops one byte past limit, so a message over limit is errTooBig however
+// its frames declared their lengths. The buffer comes from msgBufs once the
+// message has started (an idle connection holds none) and holds the message
+// on success; after an error it is dropped.
+func nextMessage(ctx context.Context, src *websocket.Conn, limit int64) (websocket.MessageType, *[]byte, error) {
+	typ, rd, err := src.Reader(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	bp := msgBufs.Get().(*[]byte)
+	data, err := readMessage(rd, (*bp)[:0], limit)
+	if err != nil {
+		return 0, nil, err
+	}
+	if int64(len(data)) > limit {
+		return 0, nil, errTooBig
+	}
+	*bp = data
+	return typ, bp, nil
 }
 
 // forward observes one message and writes it (or the handoff's result) to
@@ -460,6 +500,7 @@ func (s *session) observeRelay(typ websocket.MessageType, data []byte) []byte {
 		}
 	case verdictAuthOK:
 		s.authOK = true
+		s.releaseSlot()
 		if s.broker && s.b.o.Handoff != nil {
 			return s.handoff(data)
 		}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // taggedAPI answers every request with its tag, to tell two upstreams apart.
@@ -66,9 +70,9 @@ func rewriteAPI(t *testing.T, cfgPath, from, to string) {
 
 func TestReloadUnderLoad(t *testing.T) {
 	dir := t.TempDir()
-	relay := echoRelay(t)
+	relay := relaytest.New(t, nil)
 	apiA, apiB := taggedAPI(t, "A", 0), taggedAPI(t, "B", 0)
-	cfgPath := writeConfig(t, dir, relay.URL)
+	cfgPath := writeConfig(t, dir, relay.URL.String())
 	rewriteAPI(t, cfgPath, "http://127.0.0.1:1", apiA.URL)
 	d := startDaemon(t, cfgPath)
 	oldPin := d.pin
@@ -82,7 +86,8 @@ func TestReloadUnderLoad(t *testing.T) {
 	rewriteAPI(t, cfgPath, apiA.URL, apiB.URL)
 	tlsCfg := eitherPin(oldPin, newPin)
 
-	// 50 open WebSockets through /relay/ws, on the old identity.
+	// 50 open, authenticated WebSockets through /relay/ws, on the old
+	// identity (a source may hold only 5 unauthenticated ones).
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	wsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
@@ -93,6 +98,9 @@ func TestReloadUnderLoad(t *testing.T) {
 			t.Fatalf("ws %d: %v", i, err)
 		}
 		defer c.CloseNow()
+		if v := relaytest.Authenticate(t, c, relaytest.GoodCode); v != relaytest.AuthOKMsg {
+			t.Fatalf("ws %d: verdict %s", i, v)
+		}
 		socks = append(socks, c)
 	}
 
@@ -136,7 +144,11 @@ func TestReloadUnderLoad(t *testing.T) {
 		}(w)
 	}
 	time.Sleep(300 * time.Millisecond)
-	d.cmd.Process.Signal(syscall.SIGHUP)
+	// A storm: 20 reloads while the load runs; the first applies the change.
+	for range 20 {
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		time.Sleep(25 * time.Millisecond)
+	}
 
 	// Wait until the new identity is served and the new upstream answers.
 	eventually(t, 15*time.Second, func() string { return "reload not applied; daemon: " + d.stderr.String() }, seenB.Load)
@@ -176,6 +188,23 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 		body string
 		err  error
 	}
+	// Open WebSockets must get 1001 when the daemon stops.
+	cfg, err := pinning.PinnedTLSConfig("127.0.0.1", d.pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var socks []*websocket.Conn
+	for i := 0; i < 5; i++ {
+		c, _, err := websocket.Dial(ctx, "wss://"+d.addr+"/relay/ws", &websocket.DialOptions{HTTPClient: wsClient})
+		if err != nil {
+			t.Fatalf("ws %d: %v", i, err)
+		}
+		defer c.CloseNow()
+		socks = append(socks, c)
+	}
 	res := make(chan result, 1)
 	go func() {
 		resp, err := pinnedGet(t, d.addr, d.pin, "/api/slow")
@@ -194,6 +223,12 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	if r.err != nil || r.body != "done" {
 		t.Fatalf("in-flight request cut by SIGTERM: %q %v", r.body, r.err)
 	}
+	for i, c := range socks {
+		_, _, err := c.Read(ctx)
+		if websocket.CloseStatus(err) != websocket.StatusGoingAway {
+			t.Fatalf("ws %d on SIGTERM: %v, want close 1001", i, err)
+		}
+	}
 	if err := d.cmd.Wait(); err != nil {
 		t.Fatalf("exit status after SIGTERM: %v", err)
 	}
@@ -204,4 +239,58 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	if _, err := pinnedGet(t, d.addr, d.pin, "/relay/health"); err == nil {
 		t.Fatal("daemon still answering after it exited")
 	}
+}
+
+// waitReloads waits until the daemon logged n completed reloads.
+func waitReloads(t *testing.T, d *daemonProc, n int) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() string { return fmt.Sprintf("fewer than %d reloads: %s", n, d.stderr.String()) }, func() bool {
+		return strings.Count(d.stderr.String(), `"event":"reloaded"`) >= n
+	})
+}
+
+// A SIGHUP that changes nothing reports nothing; a reach section that really
+// changed is reported (the connector keeps the settings it started with).
+func TestReloadReportsOnlyRealReachChanges(t *testing.T) {
+	reachSection := func(dir string, maxStreams int) string {
+		tokenFile := filepath.Join(dir, "host.token")
+		os.WriteFile(tokenFile, []byte(strings.Repeat("t", 43)), 0o600)
+		return fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:1/v1/connect\"\n  host_id: \"AAAAAAAAAAAAAAAAAAAAAA\"\n  host_token_file: %q\n  max_streams: %d\n",
+			tokenFile, maxStreams)
+	}
+	const partial = `"event":"reload_partial"`
+	t.Run("disabled", func(t *testing.T) {
+		dir := t.TempDir()
+		cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+		d := startDaemon(t, cfgPath)
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 1)
+		if strings.Contains(d.stderr.String(), partial) {
+			t.Fatalf("an unchanged configuration with Reach disabled reported a partial reload:\n%s", d.stderr.String())
+		}
+		appendConfig(t, cfgPath, reachSection(dir, 16))
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 2)
+		if !strings.Contains(d.stderr.String(), "reach settings changed") {
+			t.Fatalf("enabling Reach by reload was not reported:\n%s", d.stderr.String())
+		}
+	})
+	t.Run("enabled", func(t *testing.T) {
+		dir := t.TempDir()
+		cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+		base, _ := os.ReadFile(cfgPath)
+		appendConfig(t, cfgPath, reachSection(dir, 16))
+		d := startDaemon(t, cfgPath)
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 1)
+		if strings.Contains(d.stderr.String(), partial) {
+			t.Fatalf("an unchanged configuration with Reach enabled reported a partial reload:\n%s", d.stderr.String())
+		}
+		os.WriteFile(cfgPath, append(base, reachSection(dir, 8)...), 0o600)
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		waitReloads(t, d, 2)
+		if !strings.Contains(d.stderr.String(), "reach settings changed") {
+			t.Fatalf("a new reach.max_streams was not reported:\n%s", d.stderr.String())
+		}
+	})
 }

@@ -87,11 +87,12 @@ func runServe(ctx context.Context, flagConfig string) error {
 	if e.cfg.Metrics.Listen != "" {
 		d.metrics, d.metricsAt = metrics.NewFront(), e.cfg.Metrics.Listen
 	}
+	// Kept whether or not Reach runs: a reload compares against it.
+	d.reachCfg = e.cfg.Reach
 	if e.cfg.Reach.Enabled {
 		if d.reach, err = newConnector(e.cfg.Reach, log); err != nil {
 			return err
 		}
-		d.reachCfg = e.cfg.Reach
 	}
 	opts, id, auth, err := d.build(e)
 	if err != nil {
@@ -230,6 +231,9 @@ func (d *daemon) build(e *env) (proxy.Options, *pinning.Identity, pinning.Author
 	opts.Metrics = d.metrics
 	if d.reach != nil {
 		opts.Relay.Handoff = d.reach.Handoff()
+		// Every broker stream is one "reach" source: it may hold as many
+		// unauthenticated sessions as the connector serves streams.
+		opts.Relay.MaxUnauthenticatedReach = d.reachCfg.MaxStreams
 	}
 	return opts, id, ra.Authority, nil
 }
@@ -287,7 +291,7 @@ func (d *daemon) reload() {
 	if e.cfg.Metrics.Listen != d.metricsAt {
 		d.log.Warn().Str("event", "reload_partial").Msg("a new metrics.listen needs a restart; keeping " + orNone(d.metricsAt))
 	}
-	if e.cfg.Reach != d.reachCfg {
+	if reachNeedsRestart(d.reachCfg, e.cfg.Reach) {
 		d.log.Warn().Str("event", "reload_partial").Msg("reach settings changed; restart the daemon to apply them (the connector keeps its current settings)")
 	}
 	if e.stateDir != d.env.stateDir {
@@ -306,6 +310,16 @@ func (d *daemon) reload() {
 	d.env, d.authority = e, auth
 	d.mu.Unlock()
 	d.log.Info().Str("event", "reloaded").Str("authority", auth.String()).Str("pin_sha256", id.Pin).Msg("reloaded")
+}
+
+// reachNeedsRestart reports whether a reloaded reach section differs from
+// the one the daemon started with in a way only a restart applies. While
+// Reach stays disabled no setting of it is in use, so none is a change.
+func reachNeedsRestart(running, loaded config.Reach) bool {
+	if !running.Enabled && !loaded.Enabled {
+		return false
+	}
+	return running != loaded
 }
 
 func (d *daemon) registerAdmin() {

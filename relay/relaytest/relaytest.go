@@ -78,27 +78,37 @@ type Relay struct {
 
 	Subprotocols []string // selectable subprotocols
 	NoPong       bool     // never answer pings (a dead peer)
+	// HoldAuth, when set, holds every verdict pending: after reading a
+	// client's auth frame the Relay waits for one value from HoldAuth before
+	// answering it (a slow Relay, or guesses still in flight); closing it
+	// answers them all.
+	HoldAuth chan struct{}
 
 	Refuse   atomic.Int32 // non-zero: refuse upgrades with this status
 	Probes   atomic.Int64 // GET /health requests
 	Upgrades atomic.Int64 // requests to /ws, refused ones included
+	Held     atomic.Int64 // auth frames waiting on HoldAuth now
+	Received atomic.Int64 // messages read after a successful auth
 
 	t    testing.TB
 	srv  *httptest.Server
 	mu   sync.Mutex
 	reqs []*http.Request
 	ends chan End
+	stop chan struct{} // closed at cleanup: held verdicts give up
 }
 
 // New starts a fake Relay, closed when the test ends.
 func New(t testing.TB, configure func(*Relay)) *Relay {
 	t.Helper()
-	f := &Relay{t: t, ends: make(chan End, 64)}
+	f := &Relay{t: t, ends: make(chan End, 64), stop: make(chan struct{})}
 	if configure != nil {
 		configure(f)
 	}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
+	// Runs before srv.Close, which waits for the handlers still holding.
+	t.Cleanup(func() { close(f.stop) })
 	var err error
 	if f.URL, err = url.Parse(f.srv.URL); err != nil {
 		t.Fatal(err)
@@ -170,6 +180,17 @@ func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
 		f.ends <- EndOf(err)
 		return
 	}
+	if f.HoldAuth != nil {
+		f.Held.Add(1)
+		select {
+		case <-f.HoldAuth:
+			f.Held.Add(-1)
+		case <-f.stop:
+			f.Held.Add(-1)
+			_ = c.CloseNow()
+			return
+		}
+	}
 	var auth struct {
 		Type    string `json:"type"`
 		Payload struct {
@@ -192,6 +213,7 @@ func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
 			f.ends <- EndOf(err)
 			return
 		}
+		f.Received.Add(1)
 		switch string(msg) {
 		case "close4000":
 			_ = c.Close(4000, "relay bye")

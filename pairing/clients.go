@@ -1,10 +1,13 @@
 package pairing
 
 import (
+	"crypto/x509"
 	"net"
 	"net/netip"
 	"net/url"
 	"strings"
+
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
 // The shipped clients, as pairing.md "What the shipped clients accept" names
@@ -100,4 +103,14 @@ func DesktopRelayURL(proxyURL string) string {
 func DesktopForgetHint(proxyURL string) string {
 	return "desktop clients that paired with this host before (e.g. before a rotation): run `hermes-relay hosts forget " +
 		DesktopRelayURL(proxyURL) + " --yes` before scanning the new QR; the desktop client keeps the old pin otherwise"
+}
+
+// IdentityFacts are the facts that follow from the authority host clients
+// connect to and the certificate the front serves.
+func IdentityFacts(authorityHost string, leaf *x509.Certificate) ClientFacts {
+	return ClientFacts{
+		AuthorityHost:  authorityHost,
+		SelfSigned:     pinning.SelfSigned(leaf),
+		ProfileProblem: pinning.ProfileProblem(leaf),
+	}
 }

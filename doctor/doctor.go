@@ -23,6 +23,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/internal/trust"
+	"github.com/hermes-securelink/securelink/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy/probe"
 )
@@ -259,7 +260,33 @@ func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add f
 	for _, w := range id.Warnings {
 		add(Result{"identity", Warn, w, "see the message"})
 	}
+	checkClients(cfg, ra.Authority.Host, id, add)
 	return id
+}
+
+// checkClients says what each shipped client cannot do with this front
+// (pairing.md "What the shipped clients accept"): warnings, because the
+// front itself is fine and other clients may be served.
+func checkClients(cfg *config.Config, authorityHost string, id *pinning.Identity, add func(Result)) {
+	f := pairing.IdentityFacts(authorityHost, id.Leaf)
+	if cfg.Reach.Enabled {
+		f.Reach = true
+		if u, err := wire.ParseBrokerURL(cfg.Reach.BrokerURL); err == nil {
+			f.BrokerHost = u.Hostname()
+		}
+	}
+	notes := pairing.ClientNotes(f)
+	if len(notes) == 0 {
+		add(Result{"clients", OK, "desktop and Android clients can use this front", ""})
+		return
+	}
+	for _, n := range notes {
+		check := "client " + n.Client
+		if f.ProfileProblem != "" && n.Problem == f.ProfileProblem {
+			check = "identity profile"
+		}
+		add(Result{check, Warn, n.Problem, n.Fix})
+	}
 }
 
 func checkUpstreams(ctx context.Context, cfg *config.Config, o Options, add func(Result)) {

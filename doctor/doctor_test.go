@@ -37,6 +37,13 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureFor(t, "127.0.0.1", nil)
+}
+
+// newFixtureFor is newFixture with another advertised host, and with the
+// identity file legacy (when not nil) in place before the fixture loads it.
+func newFixtureFor(t *testing.T, host string, legacy []byte) *fixture {
+	t.Helper()
 	f := &fixture{gate: `{"auth_required": true}`}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !f.date.IsZero() {
@@ -51,13 +58,21 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(up.Close)
 	f.stateDir = filepath.Join(t.TempDir(), "state")
 	c, err := config.Parse("test.yaml", []byte(fmt.Sprintf(
-		"listen: 127.0.0.1:9443\nadvertise: 127.0.0.1\nstate_dir: %s\nupstreams:\n  relay: %s\n  api: %s\n  dashboard: %s\n",
-		f.stateDir, up.URL, up.URL, up.URL)))
+		"listen: 127.0.0.1:9443\nadvertise: %q\nstate_dir: %s\nupstreams:\n  relay: %s\n  api: %s\n  dashboard: %s\n",
+		host, f.stateDir, up.URL, up.URL, up.URL)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.cfg = c
-	id, err := pinning.LoadOrCreate(pinning.IdentityConfig{StateDir: f.stateDir, Authority: pinning.Authority{Host: "127.0.0.1", Port: 9443}})
+	if legacy != nil {
+		if err := os.MkdirAll(f.stateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(pinning.IdentityPath(f.stateDir), legacy, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id, err := pinning.LoadOrCreate(pinning.IdentityConfig{StateDir: f.stateDir, Authority: pinning.Authority{Host: host, Port: 9443}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -471,21 +471,19 @@ func parseIdentityPEM(data []byte) (certDER, keyDER []byte, err error) {
 }
 
 // newSelfSigned makes a key and a small self-signed leaf for names (the
-// authority host first) and returns them as one PEM file. The certificate is
-// kept small because its DER travels in the pairing QR: a short subject, no
-// basicConstraints, no key identifiers.
+// authority host first) and returns them as one PEM file. The profile is the
+// one secure-link.md chooses for the shipped clients: subjectAltName and
+// extKeyUsage serverAuth only, with no keyUsage and no basicConstraints
+// extension (ProfileProblem says why). It is also small, because its DER
+// travels in the pairing QR: a short subject, no key identifiers.
 func newSelfSigned(keyType string, names []string, now time.Time) ([]byte, error) {
 	var key crypto.Signer
-	var usage x509.KeyUsage
 	var err error
 	switch keyType {
 	case KeyECDSAP256:
 		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		usage = x509.KeyUsageDigitalSignature
 	case KeyRSA3072:
 		key, err = rsa.GenerateKey(rand.Reader, 3072)
-		// Key encipherment keeps TLS 1.2 RSA key exchange possible for old clients.
-		usage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
 	default:
 		return nil, fmt.Errorf("key type %q: want %s or %s", keyType, KeyECDSAP256, KeyRSA3072)
 	}
@@ -501,8 +499,9 @@ func newSelfSigned(keyType string, names []string, now time.Time) ([]byte, error
 		SerialNumber: serial,
 		NotBefore:    now.Add(-backdate).UTC().Truncate(time.Second),
 		NotAfter:     now.AddDate(selfSignedValidity, 0, 0).UTC().Truncate(time.Second),
-		KeyUsage:     usage,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		// KeyUsage stays 0 and BasicConstraintsValid false: crypto/x509
+		// then writes neither extension.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	if len(names[0]) <= maxCNLen {
 		tmpl.Subject = pkix.Name{CommonName: names[0]}

@@ -98,14 +98,17 @@ func TestCreateLoadRoundTrip(t *testing.T) {
 	if leaf.IsCA || leaf.BasicConstraintsValid || leaf.SerialNumber.Sign() <= 0 || leaf.SerialNumber.BitLen() < 64 {
 		t.Errorf("IsCA %v basicConstraints %v serial %v", leaf.IsCA, leaf.BasicConstraintsValid, leaf.SerialNumber)
 	}
-	// Only SAN, keyUsage and extKeyUsage: the DER travels in the QR.
-	var oids []string
-	for _, e := range leaf.Extensions {
-		oids = append(oids, e.Id.String())
+	// The profile of secure-link.md: subjectAltName and extKeyUsage
+	// serverAuth only — no keyUsage (Bun refuses a self-signed anchor with
+	// keyUsage digitalSignature) and no basicConstraints.
+	if got := extensionOIDs(leaf); !slices.Equal(got, []string{"2.5.29.17", "2.5.29.37"}) {
+		t.Errorf("extensions %v, want exactly subjectAltName and extKeyUsage", got)
 	}
-	slices.Sort(oids)
-	if want := []string{"2.5.29.15", "2.5.29.17", "2.5.29.37"}; !slices.Equal(oids, want) {
-		t.Errorf("extensions %v, want %v", oids, want)
+	if leaf.KeyUsage != 0 || !slices.Equal(leaf.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}) || len(leaf.UnknownExtKeyUsage) != 0 {
+		t.Errorf("keyUsage %v extKeyUsage %v %v", leaf.KeyUsage, leaf.ExtKeyUsage, leaf.UnknownExtKeyUsage)
+	}
+	if p := ProfileProblem(leaf); p != "" || !SelfSigned(leaf) {
+		t.Errorf("a new identity has a profile problem %q (self-signed %v)", p, SelfSigned(leaf))
 	}
 	if len(created.CertDER) > 600 {
 		t.Errorf("certificate DER is %d bytes; the default identity must stay small", len(created.CertDER))

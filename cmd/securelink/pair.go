@@ -1,11 +1,14 @@
 package main
 
 import (
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -16,6 +19,7 @@ import (
 	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
 // bootstrapTTL matches the pairing code's 10-minute life.
@@ -127,23 +131,32 @@ func runPair(c *cli.Context) error {
 	if err := resp.Payload.CheckEndpoints(eps); err != nil {
 		return fmt.Errorf("refusing the Relay's payload: %w", err)
 	}
-	if path, err := pairing.DefaultQRSecretPath(); err == nil {
-		key, err := pairing.LoadQRSecret(path)
-		var loose *pairing.LooseModeError
-		switch {
-		case errors.As(err, &loose):
-			fmt.Fprintln(os.Stderr, "warning:", err)
-			fallthrough
-		case err == nil:
-			if verr := pairing.Verify(key, resp.Payload.Tree()); verr != nil {
-				return fmt.Errorf("the Relay's signature does not verify with %s: %w", path, verr)
-			}
-		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission):
-			fmt.Fprintf(os.Stderr, "warning: cannot read the QR secret %s to verify the signature (run as the Hermes user to check it)\n", path)
-		default:
-			return err
-		}
+	key, keyPath, err := verifyWithQRSecret(resp.Payload)
+	if err != nil {
+		return err
 	}
+	// The Android app reads ttl_seconds and grants (and a few more) as
+	// integers; the Relay writes our seconds as floats.
+	norm, changed, err := pairing.NormalizeAppIntegers(resp.Payload.Tree())
+	if err != nil {
+		return fmt.Errorf("refusing the Relay's payload: the Android app would reject it: %w", err)
+	}
+	if len(changed) > 0 {
+		if key == nil {
+			return fmt.Errorf("the Relay wrote %s as floats, which the Android app rejects (it then imports the Dashboard only, without the pin); "+
+				"pair turns them into integers and re-signs with the Relay's QR secret, but cannot read %s: "+
+				"run pair as the Hermes user (the one the Relay runs as), or drop --ttl/--grants",
+				strings.Join(changed, ", "), keyPath)
+		}
+		if resp, err = resp.Resigned(key, norm); err != nil {
+			return fmt.Errorf("re-signing the Relay's payload with integers: %w", err)
+		}
+		if err := resp.Payload.CheckEndpoints(eps); err != nil {
+			return fmt.Errorf("refusing the re-signed payload: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "note: the Relay wrote %s as floats; re-signed with integers so the Android app accepts the QR\n", strings.Join(changed, ", "))
+	}
+	notes := pairNotes(cand, broker)
 
 	routes := make([]string, 0, len(eps))
 	for _, ep := range eps {
@@ -155,11 +168,12 @@ func runPair(c *cli.Context) error {
 
 	if c.Bool("json") {
 		out := struct {
-			Payload       json.RawMessage `json:"payload"`
-			InviteURL     string          `json:"invite_url"`
-			CodeExpiresAt int64           `json:"code_expires_at"`
-			Routes        []string        `json:"routes"`
-		}{json.RawMessage(resp.QRPayload), invite, resp.ExpiresAt, routes}
+			Payload       json.RawMessage      `json:"payload"`
+			InviteURL     string               `json:"invite_url"`
+			CodeExpiresAt int64                `json:"code_expires_at"`
+			Routes        []string             `json:"routes"`
+			ClientNotes   []pairing.ClientNote `json:"client_notes"`
+		}{json.RawMessage(resp.QRPayload), invite, resp.ExpiresAt, routes, notes}
 		if err := printJSON(out); err != nil {
 			return err
 		}
@@ -170,6 +184,8 @@ func runPair(c *cli.Context) error {
 		for _, r := range routes {
 			fmt.Printf("    - %s\n", r)
 		}
+		fmt.Print(formatClientNotes(notes))
+		fmt.Printf("  re-pair     %s\n", pairing.DesktopForgetHint(cand.Proxy.URL))
 		fmt.Printf("\nInvite URL (for devices that cannot scan):\n%s\n\n", invite)
 	}
 	if tooLarge {
@@ -195,6 +211,65 @@ func runPair(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// verifyWithQRSecret checks the Relay's signature with its QR secret when
+// that is readable (pairing.md step 4) and returns the secret for
+// re-signing; nil when it cannot be read (a warning, not a failure).
+func verifyWithQRSecret(p *pairing.Payload) (key []byte, path string, err error) {
+	path, err = pairing.DefaultQRSecretPath()
+	if err != nil {
+		return nil, "$HERMES_HOME/" + pairing.QRSecretFileName, nil
+	}
+	key, err = pairing.LoadQRSecret(path)
+	var loose *pairing.LooseModeError
+	switch {
+	case errors.As(err, &loose):
+		fmt.Fprintln(os.Stderr, "warning:", err)
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission):
+		fmt.Fprintf(os.Stderr, "warning: cannot read the QR secret %s to verify the signature (run as the Hermes user to check it)\n", path)
+		return nil, path, nil
+	case err != nil:
+		return nil, path, err
+	}
+	if verr := pairing.Verify(key, p.Tree()); verr != nil {
+		return nil, path, fmt.Errorf("the Relay's signature does not verify with %s: %w", path, verr)
+	}
+	return key, path, nil
+}
+
+// pairNotes says what each shipped client cannot do with this pairing.
+func pairNotes(cand pinning.Candidate, broker *pairing.BrokerBootstrap) []pairing.ClientNote {
+	var f pairing.ClientFacts
+	if u, err := url.Parse(cand.Proxy.URL); err == nil {
+		f.AuthorityHost = u.Hostname()
+	}
+	if der, err := base64.StdEncoding.DecodeString(cand.Proxy.CertDER); err == nil {
+		if leaf, err := x509.ParseCertificate(der); err == nil {
+			f = pairing.IdentityFacts(f.AuthorityHost, leaf)
+		}
+	}
+	if broker != nil {
+		f.Reach = true
+		if u, err := url.Parse(broker.BrokerURL); err == nil {
+			f.BrokerHost = u.Hostname()
+		}
+	}
+	return pairing.ClientNotes(f)
+}
+
+// formatClientNotes renders notes as an indented "clients" block for the
+// text output of pair and pin --rotate ("" when there are none).
+func formatClientNotes(notes []pairing.ClientNote) string {
+	if len(notes) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("  clients\n")
+	for _, n := range notes {
+		fmt.Fprintf(&b, "    - %s: %s\n      fix: %s\n", n.Client, n.Problem, n.Fix)
+	}
+	return b.String()
 }
 
 // terminalColumns is $COLUMNS, else 80.

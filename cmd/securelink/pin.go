@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -144,6 +145,8 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 	if rotate {
 		fmt.Fprintf(os.Stderr, "Identity rotated (old pin %s, new pin %s).\nEvery paired client must re-pair: reload the daemon (systemctl reload securelink, or kill -HUP its pid), then run `securelink pair`.\n",
 			orNone(oldPin), id.Pin)
+		fmt.Fprintln(os.Stderr, pairing.DesktopForgetHint(out.URL))
+		fmt.Fprint(os.Stderr, formatClientNotes(pairing.ClientNotes(pairing.IdentityFacts(ra.Authority.Host, id.Leaf))))
 	}
 	return nil
 }

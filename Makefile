@@ -10,7 +10,7 @@ DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/securelink
 
-.PHONY: all build run test vet fmt-check units install install-check bench clean
+.PHONY: all build run test vet fmt-check units install install-check bench fuzz clean
 
 all: build
 
@@ -62,6 +62,12 @@ install-check:
 
 bench: build
 	./bench/run.sh
+
+# Every fuzz target for FUZZTIME each (default 60s), one after another; not
+# part of `make test`, which replays the seed corpora (and committed crashers).
+FUZZTIME ?= 60s
+fuzz:
+	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
 # Reach interop with the Python reference, both directions (not part of
 # `make test`: no registry carries it). REF is a checkout of

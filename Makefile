@@ -10,7 +10,7 @@ DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/securelink
 
-.PHONY: all build run test vet fmt-check units install install-check bench fuzz clean
+.PHONY: all build run test vet fmt-check units install install-check bench fuzz soak clean
 
 all: build
 
@@ -68,6 +68,12 @@ bench: build
 FUZZTIME ?= 60s
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+# The built daemons under steady loopback load for SOAK_MINUTES (default 10);
+# fails on resource growth after warm-up or on any client error.
+SOAK_MINUTES ?= 10
+soak: build
+	SOAK_MINUTES=$(SOAK_MINUTES) ./bench/soak.sh
 
 # Reach interop with the Python reference, both directions (not part of
 # `make test`: no registry carries it). REF is a checkout of

@@ -10,7 +10,7 @@ DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/securelink
 
-.PHONY: all build run test vet fmt-check units install install-check bench clean
+.PHONY: all build run test vet fmt-check units install install-check bench fuzz soak clean
 
 all: build
 
@@ -62,6 +62,18 @@ install-check:
 
 bench: build
 	./bench/run.sh
+
+# Every fuzz target for FUZZTIME each (default 60s), one after another; not
+# part of `make test`, which replays the seed corpora (and committed crashers).
+FUZZTIME ?= 60s
+fuzz:
+	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+# The built daemons under steady loopback load for SOAK_MINUTES (default 10);
+# fails on resource growth after warm-up or on any client error.
+SOAK_MINUTES ?= 10
+soak: build
+	SOAK_MINUTES=$(SOAK_MINUTES) ./bench/soak.sh
 
 # Reach interop with the Python reference, both directions (not part of
 # `make test`: no registry carries it). REF is a checkout of

@@ -15,11 +15,15 @@
 # "connected", and a bootstrap from the admin socket turned into a route
 # credential by one /relay/ws connection through the broker.
 
+# bench/soak.sh sources this file too, for reach_start_broker and
+# reach_start_front: it sets REACH_IDLE_HOSTS=0 and adds its metrics
+# listeners with REACH_BROKER_YAML and REACH_FRONT_YAML (appended verbatim).
+
 REACH_DIR=$WORK/reach
 if [[ $QUICK == 1 ]]; then
-	REACH_IDLE_HOSTS=50 REACH_STREAM_HOSTS=16
+	REACH_IDLE_HOSTS=${REACH_IDLE_HOSTS:-50} REACH_STREAM_HOSTS=16
 else
-	REACH_IDLE_HOSTS=200 REACH_STREAM_HOSTS=64
+	REACH_IDLE_HOSTS=${REACH_IDLE_HOSTS:-200} REACH_STREAM_HOSTS=64
 fi
 REACH_STREAMS_PER_HOST=16 # the broker's per-host limit
 REACH_ECHO_SIZE=64
@@ -44,6 +48,7 @@ hosts_file: "$d/hosts.json"
 state_file: "$d/state.json"
 attempts_per_minute: 1048576
 log: {level: warn, format: json}
+${REACH_BROKER_YAML:-}
 EOF
 	log "reach: broker add-host for the front and $REACH_IDLE_HOSTS idle hosts"
 	(umask 077 && "$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json >"$d/front-host.json" 2>>"$WORK/broker-admin.log") ||
@@ -89,6 +94,7 @@ reach:
   host_token_file: "$d/host.token"
   ca_file: "$d/broker.crt"
 log: {level: warn, format: json}
+${REACH_FRONT_YAML:-}
 EOF
 	log "reach: starting the front with Reach on $RFRONT (front + connector, core $LOAD_CPU)"
 	taskset -c "$LOAD_CPU" "$FRONT_BIN" serve --config "$d/front.yaml" >"$WORK/reach-front.out" 2>"$WORK/reach-front.log" &

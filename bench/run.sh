@@ -118,6 +118,9 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # ------------------------------------------------------------------ processes
 
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+
 WORK=$(mktemp -d /tmp/securelink-bench.XXXXXX)
 chmod 711 "$WORK" # nginx workers run as an unprivileged user when started by root
 BG_PIDS=()
@@ -134,20 +137,12 @@ descendants() {
 }
 
 cleanup() {
-	local rc=$? pid all=() i
+	local rc=$? pid all=()
 	trap - EXIT INT TERM
 	for pid in "${BG_PIDS[@]}"; do
 		all+=("$pid" $(descendants "$pid"))
 	done
-	if ((${#all[@]})); then
-		kill -TERM "${all[@]}" 2>/dev/null || true
-		for i in $(seq 1 50); do
-			kill -0 "${all[@]}" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "${all[@]}" 2>/dev/null || true
-		wait 2>/dev/null || true
-	fi
+	stop_pids "${all[@]}"
 	if [[ -d $WORK ]]; then
 		mkdir -p "$RESULTS/logs"
 		cp -f "$WORK"/*.log "$WORK"/nginx/*.log "$RESULTS/logs/" 2>/dev/null || true

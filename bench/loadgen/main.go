@@ -70,6 +70,8 @@ func commands() []command {
 			"                                     single-stream MB/s, direct or through a broker", cmdXfer},
 		{"reach-route", "-admin SOCK -addr ADDR -pin PIN -ca-file PEM -out CRED\n" +
 			"                                     bootstrap -> /relay/ws via broker -> route credential", cmdReachRoute},
+		{"soak", "-addr ADDR -pin PIN -metrics ADDR [-broker-metrics ADDR -reach CRED,... -ca-file PEM]\n" +
+			"                                     steady mixed load; fails on client errors or resource growth", cmdSoak},
 		{"reach-idle", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER\n" +
 			"                                     broker RSS per idle host and per idle stream", cmdReachIdle},
 	}
@@ -128,7 +130,8 @@ func cmdUpstream(args []string) error {
 }
 
 // upstreamHandler serves the routes both fronts forward to: /small and /big
-// for the HTTP figures (fixed Content-Length, bodies built once),
+// for the HTTP figures (fixed Content-Length, bodies built once), /sse for
+// the soak's event stream,
 // /health and /api/health for the front's availability probes, /ws for the
 // Relay bridge.
 func upstreamHandler() http.Handler {
@@ -160,6 +163,7 @@ func upstreamHandler() http.Handler {
 	})
 	mux.HandleFunc("/sink", serveSink)
 	mux.HandleFunc("/ws", serveRelayWS)
+	mux.HandleFunc("/sse", serveSSE)
 	return mux
 }
 
@@ -201,9 +205,9 @@ func serveSink(w http.ResponseWriter, r *http.Request) {
 var sinkBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 // serveRelayWS mimics the Relay's first-frame protocol: the first message must
-// be a system/auth frame, answered with auth.ok (any token is accepted:
-// authentication is not what is measured); everything after is echoed with
-// its own message type.
+// be a system/auth frame, answered with auth.ok and the session "s-<id>"
+// (any token is accepted: authentication is not what is measured);
+// everything after is echoed with its own message type.
 func serveRelayWS(w http.ResponseWriter, r *http.Request) {
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		InsecureSkipVerify: true, // the front and nginx do not forward a browser Origin
@@ -225,7 +229,9 @@ func serveRelayWS(w http.ResponseWriter, r *http.Request) {
 		c.Close(4001, "auth failed")
 		return
 	}
-	reply := fmt.Sprintf(`{"channel":"system","type":"auth.ok","id":%s,"payload":{"session_token":"x","expires_at":null}}`, strconv.Quote(id))
+	// One session per auth id, as the Relay issues one per login: the Reach
+	// connector keys route credentials by session.
+	reply := fmt.Sprintf(`{"channel":"system","type":"auth.ok","id":%s,"payload":{"session_token":%s,"expires_at":null}}`, strconv.Quote(id), strconv.Quote("s-"+id))
 	if err := c.Write(ctx, typ, []byte(reply)); err != nil {
 		return
 	}

@@ -129,7 +129,7 @@ func TestUpstreamRelayAuthOKCarriesID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"channel":"system","type":"auth.ok","id":"abc","payload":{"session_token":"x","expires_at":null}}`
+	want := `{"channel":"system","type":"auth.ok","id":"abc","payload":{"session_token":"s-abc","expires_at":null}}`
 	if string(b) != want {
 		t.Errorf("auth reply %s, want %s", b, want)
 	}

@@ -329,7 +329,11 @@ func cmdReachRoute(args []string) error {
 	caFile := fs.String("ca-file", "", "the broker's certificate (PEM)")
 	out := fs.String("out", "", "write the route credential here (0600)")
 	ttl := fs.Int("ttl", 600, "bootstrap lifetime in seconds")
+	device := fs.String("device", "bench", "device of the Relay login (auth id and device_id): one route credential per device")
 	fs.Parse(args)
+	if !validDeviceName(*device) {
+		return errors.New("-device must be 1..32 letters, digits, '-' or '_'")
+	}
 	if *sock == "" || *out == "" {
 		return errors.New("need -admin and -out")
 	}
@@ -357,7 +361,7 @@ func cmdReachRoute(args []string) error {
 		return fmt.Errorf("/relay/ws through the broker with the bootstrap: %w", err)
 	}
 	defer ws.CloseNow()
-	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"channel":"system","type":"auth","id":"route","payload":{"session_token":"bench"}}`)); err != nil {
+	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"channel":"system","type":"auth","id":"route-`+*device+`","payload":{"session_token":"bench","device_id":"`+*device+`"}}`)); err != nil {
 		return err
 	}
 	_, first, err := ws.Read(ctx)
@@ -377,6 +381,19 @@ func cmdReachRoute(args []string) error {
 	ws.Close(websocket.StatusNormalClosure, "")
 	fmt.Printf("route credential_id=%s expires_at=%s host_id=%s broker_url=%s\n", rc.CredentialID, rc.ExpiresAt, rc.HostID, rc.BrokerURL)
 	return nil
+}
+
+// validDeviceName keeps -device safe to splice into the JSON auth frame.
+func validDeviceName(s string) bool {
+	if len(s) == 0 || len(s) > 32 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // ---------------------------------------------------------------- xfer

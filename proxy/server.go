@@ -12,6 +12,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -400,9 +401,12 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// serverErrorLog routes net/http's internal messages (TLS handshake errors
-// and the like) to zerolog at debug level: they are client noise, and they
-// never carry request secrets.
+// serverErrorLog routes the standard library's log lines (net/http's
+// internal messages: TLS handshake errors and the like) to zerolog at debug
+// level. They are client or upstream noise, and some quote what a peer sent
+// (http.Transport's "Unsolicited response ... starting with %q" quotes an
+// upstream's stray bytes), so only a bounded, inert prefix is kept (see
+// logLine). Handshake failures are classified on the whole line first.
 type serverErrorLog struct {
 	log     zerolog.Logger
 	event   string
@@ -410,14 +414,48 @@ type serverErrorLog struct {
 }
 
 func (l serverErrorLog) Write(p []byte) (int, error) {
-	msg := strings.TrimSpace(string(p))
 	if l.metrics != nil {
-		if reason, ok := handshakeFailureReason(msg); ok {
+		if reason, ok := handshakeFailureReason(string(p)); ok {
 			l.metrics.HandshakeFailure(reason)
 		}
 	}
-	l.log.Debug().Str("event", l.event).Msg(msg)
+	l.log.Debug().Str("event", l.event).Msg(logLine(p))
 	return len(p), nil
+}
+
+// maxLogLine bounds a standard-library log line in the structured log.
+const maxLogLine = 120
+
+// logLine is a standard-library log line as the structured log keeps it: at
+// most maxLogLine bytes, trimmed, every byte outside printable ASCII (control
+// characters, terminal escapes, line breaks) replaced by '?'.
+func logLine(p []byte) string {
+	p = bytes.TrimSpace(p)
+	cut := len(p) > maxLogLine
+	if cut {
+		p = p[:maxLogLine]
+	}
+	b := make([]byte, 0, len(p)+len(" [truncated]"))
+	for _, c := range p {
+		if c < 0x20 || c >= 0x7f {
+			c = '?'
+		}
+		b = append(b, c)
+	}
+	if cut {
+		b = append(b, " [truncated]"...)
+	}
+	return string(b)
+}
+
+// CaptureStandardLog sends the global log package's output (net/http's
+// Transport reports through it and has no logger of its own) through l, as
+// serverErrorLog does for the servers' ErrorLog. The daemon calls it once at
+// start.
+func CaptureStandardLog(l zerolog.Logger) {
+	log.SetFlags(0)
+	log.SetPrefix("")
+	log.SetOutput(serverErrorLog{log: l, event: "stdlib"})
 }
 
 // handshakeFailureReason classifies net/http's "TLS handshake error" lines.

@@ -389,7 +389,8 @@ func (b *directBody) finish(eof bool) {
 }
 
 // writeRequestHead writes what (*http.Request).Write writes for a request
-// without a body, as http.Transport sends it: the request line, Host,
+// without a body, as http.Transport sends it: the request line (refused
+// unless it re-parses to the same method and target), Host,
 // User-Agent only when present and not empty (ReverseProxy's rule: a client
 // without one is not given Go's), "Content-Length: 0" for POST, PUT and
 // PATCH, then the other fields in key order with
@@ -399,14 +400,12 @@ func (b *directBody) finish(eof bool) {
 // the two byte for byte.
 func writeRequestHead(bw *bufio.Writer, r *http.Request) error {
 	ruri := r.URL.RequestURI()
-	for i := 0; i < len(ruri); i++ {
-		if c := ruri[i]; c < ' ' || c == 0x7f {
-			return errors.New("net/http: can't write control character in Request.URL")
-		}
-	}
 	method := r.Method
 	if method == "" {
 		method = http.MethodGet
+	}
+	if err := checkRequestLine(method, ruri); err != nil {
+		return err
 	}
 	bw.WriteString(method)
 	bw.WriteByte(' ')
@@ -449,6 +448,19 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request) error {
 	_, err := bw.WriteString("\r\n")
 	return err
 }
+
+// checkRequestLine refuses an upstream request line that would not re-parse
+// to method and target, whatever transport the client spoke: both paths
+// call it where the line is written (writeRequestHead, lineChecked), behind
+// the same rules at the front's entry (route).
+func checkRequestLine(method, target string) error {
+	if !policy.ValidMethod(method) {
+		return errInvalidMethod
+	}
+	return policy.CheckRequestTarget(target)
+}
+
+var errInvalidMethod = errors.New("method is not a token")
 
 var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
 

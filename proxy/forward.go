@@ -79,7 +79,7 @@ func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority s
 	f.basePath = strings.TrimSuffix(upstream.EscapedPath(), "/")
 	f.rp = &httputil.ReverseProxy{
 		Rewrite:        f.rewrite,
-		Transport:      f.transport,
+		Transport:      lineChecked{f.transport},
 		ModifyResponse: f.modifyResponse,
 		ErrorHandler:   f.errorHandler,
 		BufferPool:     bufferPool,
@@ -88,6 +88,19 @@ func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority s
 		ErrorLog: log.New(serverErrorLog{log: s.log, event: "reverse_proxy"}, "", 0),
 	}
 	return f
+}
+
+// lineChecked refuses a request whose upstream request line would not
+// re-parse to its method and target (checkRequestLine) before the Transport
+// writes it: the Transport checks the method, but writes a target holding a
+// space as it is.
+type lineChecked struct{ *http.Transport }
+
+func (t lineChecked) RoundTrip(r *http.Request) (*http.Response, error) {
+	if err := checkRequestLine(r.Method, r.URL.RequestURI()); err != nil {
+		return nil, err
+	}
+	return t.Transport.RoundTrip(r)
 }
 
 // close releases the idle upstream connections of both paths and keeps no

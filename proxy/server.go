@@ -303,6 +303,12 @@ const nsNone = "none"
 // label of the request for metrics.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) string {
 	st := s.state.Load()
+	// HTTP/2 carries the method as a header value: "TRACE " or "GET /x"
+	// must not pass the check below and then be written upstream.
+	if !policy.ValidMethod(r.Method) {
+		plainError(w, http.StatusBadRequest)
+		return nsNone
+	}
 	if r.Method == http.MethodConnect || r.Method == http.MethodTrace {
 		plainError(w, http.StatusMethodNotAllowed)
 		return nsNone
@@ -318,6 +324,12 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) string {
 		return nsNone
 	}
 	rawPath, rawQuery, _ := strings.Cut(r.RequestURI, "?")
+	if policy.CheckRawQuery(rawQuery) != nil {
+		// Over HTTP/2 a query may hold a space or a '#'; forwarded, it
+		// would add tokens to the upstream's request line.
+		plainError(w, http.StatusBadRequest)
+		return nsNone
+	}
 	ns, tail, ok := policy.Split(rawPath)
 	if !ok {
 		plainError(w, http.StatusNotFound)

@@ -40,7 +40,8 @@ import (
 // header fields are validated as the Transport validates them; the same
 // policy functions apply to both directions, hop-by-hop response headers are
 // removed as ReverseProxy removes them; 1xx answers are relayed (under the
-// response policy, see infoWriter), trailers forwarded, bodies of
+// response policy, see infoWriter), trailers forwarded (under the response
+// policy too), bodies of
 // unknown length and event streams flushed per write; the response head is
 // bounded (64 KiB) and the limits (connect, idle read, total, response size)
 // and failure answers (502, 499, a cut connection) are the same. A request
@@ -121,6 +122,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	}
 	policy.StripHopByHop(resp.Header) // as ReverseProxy does on the other path
 	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
+	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream) // the announced names
 	if resp.ContentLength > l.MaxResponseBody {
 		b.Close()
 		f.fail(w, r, errResponseTooLarge)
@@ -157,6 +159,9 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		return
 	}
 	b.Close()
+	// Reading the body to its end filled in the trailers, announced or
+	// not: they get the response policy too.
+	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream)
 	if len(resp.Trailer) > 0 {
 		// Force chunking so net/http does not compute a length and drop
 		// the trailers.

@@ -203,7 +203,12 @@ func (f *forwarder) modifyResponse(resp *http.Response) error {
 	if ex.total != nil && isEventStream(resp.Header.Get("Content-Type")) {
 		ex.total.Stop() // SSE: only the idle read applies
 	}
-	resp.Body = newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
+	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream) // the names ReverseProxy announces
+	ib := newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
+	// The trailers' values arrive with the body's end, and ReverseProxy
+	// copies them after reading it: the response policy applies then.
+	ib.trailers, ib.f = resp, f
+	resp.Body = ib
 	return nil
 }
 
@@ -304,6 +309,10 @@ type idleBody struct {
 	idle      time.Duration
 	timer     *time.Timer
 	remaining int64
+	// trailers is the response whose Trailer the response policy of f's
+	// namespace filters when the body ends.
+	trailers *http.Response
+	f        *forwarder
 }
 
 func newIdleBody(rc io.ReadCloser, idle time.Duration, max int64, cancel context.CancelFunc) *idleBody {
@@ -321,6 +330,9 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	b.remaining -= int64(n)
 	if b.remaining < 0 {
 		return 0, errResponseTooLarge
+	}
+	if err == io.EOF && b.trailers != nil {
+		policy.ResponseHeaders(b.f.ns, b.trailers.Trailer, b.f.upstream)
 	}
 	return n, err
 }

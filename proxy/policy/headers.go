@@ -201,7 +201,9 @@ func ClientAddr(s string) (netip.Addr, bool) {
 
 // ResponseHeaders applies the response side of the table to an upstream
 // response's headers before the client sees them (ReverseProxy's
-// ModifyResponse). upstream is the namespace's configured upstream URL.
+// ModifyResponse), and to its trailers (the announced names, then the
+// values once the body has ended). upstream is the namespace's configured
+// upstream URL.
 //
 //   - Everywhere: the internal headers are removed, and so is Alt-Svc (it
 //     would advertise the upstream's ports on the front's host name).

@@ -54,6 +54,8 @@ type Server struct {
 	health   http.Handler
 	http     *http.Server
 	tls      *tls.Config
+	// tlsNoResume is tls without session resumption (see configForClient).
+	tlsNoResume *tls.Config
 
 	// sniRejected counts handshakes refused for an unknown server name.
 	sniRejected atomic.Uint64
@@ -103,6 +105,13 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 		NextProtos:     []string{"h2", "http/1.1"},
 		GetCertificate: s.getCertificate,
 	}
+	// A handshake naming an unknown server gets this copy: without session
+	// resumption, so a ticket issued under a known name cannot skip the
+	// certificate choice (TLS 1.3 resumption does not ask GetCertificate),
+	// and getCertificate refuses it with unrecognized_name.
+	s.tlsNoResume = s.tls.Clone()
+	s.tlsNoResume.SessionTicketsDisabled = true
+	s.tls.GetConfigForClient = s.configForClient
 	l := opts.Limits
 	s.http = &http.Server{
 		Handler:           s,
@@ -218,6 +227,17 @@ func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, e
 		return nil, nil
 	}
 	return &s.identity.Load().Certificate, nil
+}
+
+// configForClient keeps the SNI rule on resumed sessions: a hello naming
+// an unknown server may not resume, so it takes the full handshake, where
+// getCertificate refuses it. It runs for every ClientHello, before the
+// resumption decision; known names and no SNI keep the shared config.
+func (s *Server) configForClient(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+	if hello.ServerName != "" && !s.state.Load().host.Allowed(hello.ServerName) {
+		return s.tlsNoResume, nil
+	}
+	return nil, nil
 }
 
 // Serve accepts TLS connections on ln until Shutdown. ln is a plain

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
 func TestUnknownSNIFailsHandshakeAndIsCounted(t *testing.T) {
@@ -407,5 +410,53 @@ func TestUnknownSNIFailsOnResumedSessions(t *testing.T) {
 				t.Errorf("SNIRejected = %d, want %d", got, before+1)
 			}
 		})
+	}
+}
+
+// TLS 1.2 offers only ECDHE suites with AEAD ciphers (AES-GCM,
+// ChaCha20-Poly1305), for either identity key type; every other suite a
+// client may offer, CBC-SHA1 among them, fails the handshake.
+func TestTLS12OffersOnlyECDHEAEADSuites(t *testing.T) {
+	h := newHarness(t)
+	rsaCfg := h.idCfg
+	rsaCfg.StateDir, rsaCfg.KeyType = t.TempDir()+"/rsa", pinning.KeyRSA3072
+	rsaID, err := pinning.LoadOrCreate(rsaCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string][]uint16{
+		"ecdsa": {tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256},
+		"rsa":   {tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256},
+	}
+	for _, id := range []struct {
+		name string
+		id   *pinning.Identity
+	}{{"ecdsa", h.id}, {"rsa", rsaID}} {
+		if err := h.srv.Reload(h.opts, id.id); err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range append(tls.CipherSuites(), tls.InsecureCipherSuites()...) {
+			if !slices.Contains(cs.SupportedVersions, tls.VersionTLS12) {
+				continue
+			}
+			cfg := h.tlsConfigFor("127.0.0.1", id.id.Pin)
+			cfg.MaxVersion, cfg.CipherSuites = tls.VersionTLS12, []uint16{cs.ID}
+			c, err := h.dialTLS(cfg)
+			want := slices.Contains(allowed[id.name], cs.ID)
+			if err == nil {
+				got := c.ConnectionState().CipherSuite
+				c.Close()
+				if !want || got != cs.ID {
+					t.Errorf("%s identity: TLS 1.2 handshake with only %s succeeded (negotiated %s)", id.name, cs.Name, tls.CipherSuiteName(got))
+				}
+				continue
+			}
+			if want {
+				t.Errorf("%s identity: TLS 1.2 with %s: %v", id.name, cs.Name, err)
+			}
+			if strings.Contains(cs.Name, "ECDHE_"+strings.ToUpper(id.name)) && strings.Contains(cs.Name, "CBC") && !strings.Contains(err.Error(), "remote error") {
+				t.Errorf("%s identity: %s refused by the client itself (%v), not by the front", id.name, cs.Name, err)
+			}
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -131,6 +132,10 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	sse := isEventStream(resp.Header.Get("Content-Type"))
 	if sse {
 		b.total = time.Time{} // only the idle read applies
+		// Shutdown ends the stream (see directBody.end); its connection
+		// is never pooled, so ending it can only touch this exchange.
+		b.keep = false
+		defer f.s.trackStream(b.end)()
 	}
 	dst := w.Header()
 	for k, vv := range resp.Header {
@@ -338,6 +343,14 @@ type directBody struct {
 	done  bool
 	read  int64
 	eof   bool
+	ended atomic.Bool // Shutdown ended the stream: reads report its end
+}
+
+// end stops the exchange from another goroutine (Shutdown ending an event
+// stream) so that the copy sees the body's end, not a failure.
+func (b *directBody) end() {
+	b.ended.Store(true)
+	b.pc.cancel()
 }
 
 func (b *directBody) Read(p []byte) (int, error) {
@@ -352,7 +365,7 @@ func (b *directBody) Read(p []byte) (int, error) {
 		// writing to a slow client is not upstream idleness.
 		if err := b.pc.setReadDeadline(readDeadline(b.f.limits.UpstreamIdleRead, b.total)); err != nil {
 			b.finish(false)
-			return 0, err
+			return 0, b.endedOr(err)
 		}
 	}
 	n, err := b.rc.Read(p)
@@ -369,8 +382,17 @@ func (b *directBody) Read(p []byte) (int, error) {
 		if canceled {
 			err = context.Canceled
 		}
+		err = b.endedOr(err)
 	}
 	return n, err
+}
+
+// endedOr is io.EOF when Shutdown ended the stream, else err.
+func (b *directBody) endedOr(err error) error {
+	if b.ended.Load() {
+		return io.EOF
+	}
+	return err
 }
 
 var errBodyClosed = errors.New("read on a closed upstream body")

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermes-securelink/securelink/proxy/policy"
@@ -47,6 +48,7 @@ type exchange struct {
 	cancel    context.CancelFunc
 	total     *time.Timer
 	body      *limitedBody
+	untrack   func() // an event stream's deregistration (Server.trackStream)
 }
 
 type exchangeKey struct{}
@@ -163,6 +165,11 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQu
 		w = &infoWriter{ResponseWriter: w, f: f}
 	}
 	ctx = context.WithValue(ctx, exchangeKey{}, ex)
+	defer func() {
+		if ex.untrack != nil {
+			ex.untrack()
+		}
+	}()
 	f.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -200,15 +207,21 @@ func (f *forwarder) modifyResponse(resp *http.Response) error {
 	if resp.ContentLength > f.limits.MaxResponseBody {
 		return errResponseTooLarge
 	}
-	if ex.total != nil && isEventStream(resp.Header.Get("Content-Type")) {
-		ex.total.Stop() // SSE: only the idle read applies
-	}
 	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream) // the names ReverseProxy announces
 	ib := newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
 	// The trailers' values arrive with the body's end, and ReverseProxy
 	// copies them after reading it: the response policy applies then.
 	ib.trailers, ib.f = resp, f
 	resp.Body = ib
+	if ex.total != nil && isEventStream(resp.Header.Get("Content-Type")) {
+		ex.total.Stop() // SSE: only the idle read applies
+		// Shutdown ends the stream: the upstream request is canceled and
+		// the body reports its end, so ReverseProxy finishes the response.
+		ex.untrack = f.s.trackStream(func() {
+			ib.ended.Store(true)
+			ex.cancel()
+		})
+	}
 	return nil
 }
 
@@ -313,6 +326,7 @@ type idleBody struct {
 	// namespace filters when the body ends.
 	trailers *http.Response
 	f        *forwarder
+	ended    atomic.Bool // Shutdown ended the stream: reads report its end
 }
 
 func newIdleBody(rc io.ReadCloser, idle time.Duration, max int64, cancel context.CancelFunc) *idleBody {
@@ -327,6 +341,9 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	b.timer.Reset(b.idle)
 	n, err := b.rc.Read(p)
 	b.timer.Stop()
+	if err != nil && b.ended.Load() {
+		err = io.EOF
+	}
 	b.remaining -= int64(n)
 	if b.remaining < 0 {
 		return 0, errResponseTooLarge

@@ -62,7 +62,8 @@ type Server struct {
 	metrics     *metrics.Front
 
 	mu       sync.Mutex
-	upgraded map[net.Conn]struct{} // byte-level upgrades, closed on Shutdown
+	upgraded map[net.Conn]struct{}     // byte-level upgrades, closed on Shutdown
+	streams  map[*eventStream]struct{} // open event streams, ended on Shutdown
 	closing  bool
 }
 
@@ -83,7 +84,7 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}}
+	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}, streams: map[*eventStream]struct{}{}}
 	s.prober = probe.New(probe.Options{
 		Interval: opts.Limits.ProbeInterval,
 		Timeout:  opts.Limits.ProbeTimeout,
@@ -263,12 +264,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// Shutdown stops accepting, lets in-flight requests finish until ctx ends,
-// closes bridged WebSockets with 1001 and byte-level upgrades, and returns.
+// Shutdown stops accepting, ends open event streams cleanly at once (they
+// would otherwise hold the drain for all of ctx and then be cut), lets the
+// other in-flight requests finish until ctx ends, closes bridged WebSockets
+// with 1001 and byte-level upgrades, and returns.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	s.closing = true
-	s.mu.Unlock()
+	s.endStreams()
 	bridgeErr := make(chan error, 1)
 	go func() { bridgeErr <- s.bridge.Shutdown(ctx) }()
 	httpErr := s.http.Shutdown(ctx)
@@ -290,6 +291,47 @@ func (s *Server) Close() error {
 	s.closeUpgrades()
 	s.prober.Close()
 	return err
+}
+
+// eventStream is one open text/event-stream response; end makes its copy
+// loop see the end of the upstream body, so the handler returns and the
+// client gets a properly terminated response (the last chunk on HTTP/1.1,
+// END_STREAM on HTTP/2), as a WebSocket gets 1001.
+type eventStream struct{ end func() }
+
+// trackStream registers an event stream for Shutdown and returns its
+// deregistration. A stream that starts once Shutdown has begun is ended at
+// once.
+func (s *Server) trackStream(end func()) (untrack func()) {
+	es := &eventStream{end: end}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		end()
+		return func() {}
+	}
+	s.streams[es] = struct{}{}
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.streams, es)
+		s.mu.Unlock()
+	}
+}
+
+// endStreams marks the front as closing (no new upgrades or streams) and
+// ends the open event streams.
+func (s *Server) endStreams() {
+	s.mu.Lock()
+	s.closing = true
+	open := make([]*eventStream, 0, len(s.streams))
+	for es := range s.streams {
+		open = append(open, es)
+	}
+	s.mu.Unlock()
+	for _, es := range open {
+		es.end()
+	}
 }
 
 // closeUpgrades refuses new byte-level upgrades and closes the open ones.

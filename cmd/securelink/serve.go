@@ -74,6 +74,9 @@ func runServe(ctx context.Context, flagConfig string) error {
 		return err
 	}
 	log := newLogger(e.cfg)
+	// net/http's Transport logs through the global logger (with bytes an
+	// upstream sent): into the structured log, truncated, at debug level.
+	proxy.CaptureStandardLog(log)
 	d := &daemon{flagConfig: flagConfig, log: log, started: time.Now().UTC(), listenAddr: e.cfg.Listen}
 
 	lc := net.ListenConfig{KeepAlive: proxy.DefaultLimits().TCPKeepAlive}

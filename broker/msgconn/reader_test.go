@@ -1,0 +1,114 @@
+package msgconn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// pair returns a client socket and the server socket it reached, over a
+// real WebSocket on 127.0.0.1.
+func pair(t *testing.T) (client, server *websocket.Conn) {
+	t.Helper()
+	got := make(chan *websocket.Conn, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		got <- c
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.CloseNow() })
+	server = <-got
+	t.Cleanup(func() { server.CloseNow() })
+	return client, server
+}
+
+func TestReadWholeMessages(t *testing.T) {
+	client, server := pair(t)
+	server.SetReadLimit(2 << 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	msgs := []struct {
+		typ  websocket.MessageType
+		data []byte
+	}{
+		{websocket.MessageText, []byte(`{"type":"register"}`)},
+		{websocket.MessageBinary, []byte{}},
+		{websocket.MessageBinary, []byte{7}},
+		{websocket.MessageBinary, bytes.Repeat([]byte("0123456789abcdef"), 3<<10)}, // above the initial size
+		{websocket.MessageBinary, bytes.Repeat([]byte{0xfe, 0x01}, 1<<19)},         // 1 MiB, fragmented below
+		{websocket.MessageText, []byte("short again")},
+	}
+	go func() {
+		for _, m := range msgs {
+			w, err := client.Writer(ctx, m.typ)
+			if err != nil {
+				return
+			}
+			for p := m.data; len(p) > 0; p = p[min(len(p), 100<<10):] {
+				w.Write(p[:min(len(p), 100<<10)])
+			}
+			w.Close()
+		}
+	}()
+	var rd Reader
+	defer rd.Release()
+	for i, m := range msgs {
+		typ, data, err := rd.Read(ctx, server)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if typ != m.typ || !bytes.Equal(data, m.data) {
+			t.Fatalf("message %d: got %v with %d bytes, want %v with %d", i, typ, len(data), m.typ, len(m.data))
+		}
+	}
+}
+
+func TestReadLimitStillApplies(t *testing.T) {
+	client, server := pair(t)
+	server.SetReadLimit(100)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go client.Write(ctx, websocket.MessageBinary, make([]byte, 101))
+	var rd Reader
+	if _, _, err := rd.Read(ctx, server); !errors.Is(err, websocket.ErrMessageTooBig) {
+		t.Fatalf("got %v, want ErrMessageTooBig", err)
+	}
+	if rd.held != nil {
+		t.Fatal("a failed read kept a buffer")
+	}
+}
+
+// A buffer large enough for the message is filled in place: no allocation,
+// unlike io.ReadAll, which starts at 512 bytes and grows.
+func TestReadAllFillsInPlace(t *testing.T) {
+	msg := bytes.Repeat([]byte{1, 2, 3}, 100_000)
+	buf := make([]byte, 0, len(msg)+1)
+	src := bytes.NewReader(msg)
+	allocs := testing.AllocsPerRun(20, func() {
+		src.Reset(msg)
+		out, err := readAll(src, buf[:0])
+		if err != nil || !bytes.Equal(out, msg) || &out[0] != &buf[:1][0] {
+			t.Fatal("readAll did not fill the given buffer")
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per message", allocs)
+	}
+}

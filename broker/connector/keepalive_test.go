@@ -25,7 +25,7 @@ func TestPingBehindASlowWriteIsRetried(t *testing.T) {
 		cfg.Sleep = sl.sleep
 	})
 	id := wire.NewID()
-	h.open(id)
+	h.Open(id)
 	st := accept(t, c)
 	// More than the loopback socket buffers hold, while the fake broker
 	// reads nothing for 7 s: the connector's writer blocks in the middle
@@ -37,10 +37,10 @@ func TestPingBehindASlowWriteIsRetried(t *testing.T) {
 		t.Fatalf("%d ping timeouts while the broker was slow to read", n)
 	}
 	for got := 0; got < total; {
-		got += len(h.frame().Payload)
+		got += len(h.Frame().Payload)
 	}
-	go h.readErr() // keep reading: pongs go out
-	testenv.WaitFor(t, "a ping after the write", func() bool { return fb.pings.Load() >= 1 })
+	go h.ReadErr() // keep reading: pongs go out
+	testenv.WaitFor(t, "a ping after the write", func() bool { return fb.Pings.Load() >= 1 })
 	if n := c.Counts()["ping_timeout"]; n != 0 || c.Status().State != StateConnected || c.Status().Attempts != 1 {
 		t.Fatalf("the registration ended: %+v, %d ping timeouts", c.Status(), n)
 	}

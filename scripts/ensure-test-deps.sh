@@ -5,7 +5,9 @@
 # - the shipped clients' own stacks (cmd/securelink/clients_test.go):
 #   Node and npm, Bun 1.3.14 (the desktop client's runtime, from npm into
 #   .cache/bun), and a JDK with Debian's OkHttp (the Android app's HTTP
-#   stack).
+#   stack);
+# - bind9: internal/acme's dns-01 test runs named on loopback as the
+#   RFC 2136 server.
 # Debian packages need root; Bun installs as any user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,7 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 { command -v javac >/dev/null 2>&1 && command -v keytool >/dev/null 2>&1; } || need+=(openjdk-17-jdk-headless)
 [ -f /usr/share/java/okhttp.jar ] && [ -f /usr/share/java/okio.jar ] || need+=(libokhttp-java)
+{ command -v named >/dev/null 2>&1 || [ -x /usr/sbin/named ]; } || need+=(bind9)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "missing: ${need[*]} (install them, or run as root so this script can)" >&2

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/hermes-securelink/securelink/surface"
+	"github.com/hermes-securelink/securelink/internal/surface"
 )
 
 // maxCertDERB64 is the desktop client's limit on cert_der.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/metrics"
+	"github.com/hermes-securelink/securelink/internal/metrics"
 	"github.com/hermes-securelink/securelink/relay"
 )
 

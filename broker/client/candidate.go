@@ -16,8 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/surface"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/surface"
 )
 
 // Fixed values of the outbound_broker candidate (spec/reach.md "Bootstrap

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/pinning/pinningtest"
 )

@@ -6,8 +6,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/config"
-	"github.com/hermes-securelink/securelink/doctor"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/doctor"
 )
 
 func doctorCommand() *cli.Command {

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/internal/admin"
 )
 
 func TestServeZeroConfigPinAndCurl(t *testing.T) {

@@ -30,7 +30,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 

@@ -16,9 +16,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/admin"
-	"github.com/hermes-securelink/securelink/config"
-	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 

@@ -11,8 +11,8 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/config"
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
+	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/internal/admin"
 )
 
 func statusCommand() *cli.Command {

@@ -19,11 +19,11 @@ import (
 	"os"
 	"time"
 
-	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/broker/wire"
-	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 	"github.com/hermes-securelink/securelink/internal/trust"
-	"github.com/hermes-securelink/securelink/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy/probe"
 )

@@ -33,6 +33,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -40,7 +41,6 @@ import (
 const (
 	maxCredFile      = 64 << 10
 	maxCAFile        = 1 << 20
-	maxAdminAnswer   = 64 << 10
 	maxIdleHosts     = 1024
 	maxStreamsPerHst = 64
 	xferChunk        = 256 << 10 // one Write of the upload body / one Read of the download
@@ -233,46 +233,14 @@ func dialWSVia(ctx context.Context, wsURL string, dial func(context.Context) (*t
 
 // ---------------------------------------------------------------- reach-route
 
-type bootstrapAnswer struct {
-	Token     string `json:"token"`
-	PairingID string `json:"pairing_id"`
-	ExpiresAt int64  `json:"expires_at"`
-	HostID    string `json:"host_id"`
-	BrokerURL string `json:"broker_url"`
-}
-
 // adminBootstrap asks the front's admin socket for a one-stream bootstrap
 // credential, as `securelink pair` does.
-func adminBootstrap(ctx context.Context, sock string, ttl int) (bootstrapAnswer, error) {
-	var out bootstrapAnswer
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-	body := fmt.Sprintf(`{"ttl_seconds":%d}`, ttl)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://admin/reach/bootstrap", strings.NewReader(body))
+func adminBootstrap(ctx context.Context, sock string, ttl int) (admin.BootstrapReply, error) {
+	b, _, err := admin.NewClient(sock).Bootstrap(ctx, admin.BootstrapRequest{TTLSeconds: int64(ttl)})
 	if err != nil {
-		return out, err
+		return b, fmt.Errorf("POST %s: %w", admin.PathBootstrap, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return out, fmt.Errorf("admin socket: %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminAnswer))
-	if err != nil {
-		return out, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return out, fmt.Errorf("POST /reach/bootstrap: HTTP %d", resp.StatusCode)
-	}
-	if err := json.Unmarshal(b, &out); err != nil {
-		return out, errors.New("POST /reach/bootstrap: answer is not the documented JSON")
-	}
-	return out, nil
+	return b, nil
 }
 
 // routeCredential is payload.route_credential of the auth.ok a /relay/ws

@@ -65,21 +65,21 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 	if err != nil {
 		return err
 	}
-	port, err := config.ListenPort(e.cfg.Listen)
+	port, err := config.ListenPort(e.Cfg.Listen)
 	if err != nil {
 		return err
 	}
-	if port == 0 && e.cfg.AdvertisePort == 0 {
-		return fmt.Errorf("listen %q has no fixed port, so the authority's port is unknown; set advertise_port", e.cfg.Listen)
+	if port == 0 && e.Cfg.AdvertisePort == 0 {
+		return fmt.Errorf("listen %q has no fixed port, so the authority's port is unknown; set advertise_port", e.Cfg.Listen)
 	}
-	ra, err := e.authority(port)
+	ra, err := e.Authority(port)
 	if err != nil {
 		return err
 	}
 	for _, w := range ra.Warnings {
 		fmt.Fprintln(os.Stderr, "warning:", w)
 	}
-	ic := e.identityConfig(ra.Authority)
+	ic := e.IdentityConfig(ra.Authority)
 	// The identity being replaced, whatever names it was issued for.
 	var cur *pinning.Identity
 	var curErr error
@@ -125,7 +125,7 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 		SANs:       id.SANs(),
 		KeyType:    id.KeyType,
 		ChangedAt:  id.ChangedAt.UTC().Format(time.RFC3339),
-		StateDir:   e.stateDir,
+		StateDir:   e.StateDir,
 		Source:     id.Source,
 		Rotated:    rotate,
 		OldPin:     oldPin,

@@ -78,7 +78,7 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 	if _, err := cl.Do(ctx, "POST", "/reach/bootstrap", map[string]int{"ttl_seconds": 600}, &boot); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
-	var ident identityJSON
+	var ident admin.Identity
 	if _, err := cl.Do(ctx, "GET", "/identity", nil, &ident); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/internal/daemon"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
@@ -232,7 +233,7 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	if err := d.cmd.Wait(); err != nil {
 		t.Fatalf("exit status after SIGTERM: %v", err)
 	}
-	if time.Since(start) > shutdownGrace+5*time.Second {
+	if time.Since(start) > daemon.ShutdownGrace+5*time.Second {
 		t.Fatalf("stop took %s, beyond the grace", time.Since(start))
 	}
 	// New connections are refused once stopped.

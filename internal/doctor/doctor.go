@@ -351,11 +351,8 @@ func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin str
 	sock := cfg.AdminSocket(stateDir)
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	var st struct {
-		PinSHA256 string `json:"pin_sha256"`
-		Authority string `json:"authority"`
-	}
-	if _, err := admin.NewClient(sock).Do(ctx, http.MethodGet, "/status", nil, &st); err != nil {
+	st, err := admin.NewClient(sock).Status(ctx)
+	if err != nil {
 		fix := "start it: systemctl start securelink (or securelink serve)"
 		if !errors.Is(err, admin.ErrNoDaemon) {
 			fix = "run doctor as the service user or root"

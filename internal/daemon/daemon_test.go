@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -237,5 +238,27 @@ func TestRunReturnsOnCancel(t *testing.T) {
 	}
 	if _, err := r.admin.Status(context.Background()); err == nil {
 		t.Fatal("status answered after stop")
+	}
+}
+
+// Admin request bodies are read strictly: an unknown or repeated key is a
+// 400 naming the key, before anything reaches the broker.
+func TestAdminRequestsAreStrict(t *testing.T) {
+	r := start(t, writeConfig(t, t.TempDir(), ""))
+	ctx := context.Background()
+	// Reach is off, so a body that passes decoding answers 404; one that
+	// does not answers 400.
+	for _, c := range []struct {
+		body any
+		want int
+	}{
+		{map[string]any{"ttl_seconds": 60}, 404},
+		{map[string]any{"ttl_seconds": 60, "ttl": 1}, 400},
+		{json.RawMessage(`{"ttl_seconds":60,"ttl_seconds":3600}`), 400},
+	} {
+		code, err := r.admin.Do(ctx, "POST", admin.PathBootstrap, c.body, nil)
+		if code != c.want || err == nil {
+			t.Fatalf("%v: %d %v, want %d", c.body, code, err, c.want)
+		}
 	}
 }

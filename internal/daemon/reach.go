@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
 	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/internal/metrics"
+	"github.com/hermes-securelink/securelink/internal/strictjson"
 	"github.com/hermes-securelink/securelink/internal/trust"
 )
 
@@ -60,12 +60,12 @@ func (d *daemon) reachStatus() connector.Status {
 // registerReachAdmin adds POST /reach/bootstrap and POST /reach/revoke.
 func (d *daemon) registerReachAdmin() {
 	d.admin.HandleJSON("POST "+admin.PathBootstrap, func(r *http.Request) (any, int, error) {
-		if d.reach == nil {
-			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
-		}
 		var req admin.BootstrapRequest
 		if err := decodeAdmin(r, &req); err != nil {
 			return nil, http.StatusBadRequest, err
+		}
+		if d.reach == nil {
+			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
 		}
 		ttl := time.Duration(req.TTLSeconds) * time.Second
 		if ttl <= 0 {
@@ -86,12 +86,12 @@ func (d *daemon) registerReachAdmin() {
 		return admin.BootstrapReply(b), 0, nil
 	})
 	d.admin.HandleJSON("POST "+admin.PathRevoke, func(r *http.Request) (any, int, error) {
-		if d.reach == nil {
-			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
-		}
 		var req admin.RevokeRequest
 		if err := decodeAdmin(r, &req); err != nil {
 			return nil, http.StatusBadRequest, err
+		}
+		if d.reach == nil {
+			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
 		}
 		if !wire.ValidLabel(req.CredentialID) {
 			return nil, http.StatusBadRequest, errors.New("credential_id must be 1..128 of [A-Za-z0-9_-]")
@@ -109,11 +109,9 @@ func (d *daemon) registerReachAdmin() {
 	})
 }
 
-// decodeAdmin reads a small JSON body strictly.
+// decodeAdmin reads a small JSON request body strictly.
 func decodeAdmin(r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 4096))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := strictjson.DecodeReader(r.Body, 4096, v); err != nil {
 		return fmt.Errorf("request body: %w", err)
 	}
 	return nil

@@ -296,7 +296,7 @@ func cmdReachRoute(args []string) error {
 	pin := fs.String("pin", "", "sha256/<b64> SPKI pin of the front")
 	caFile := fs.String("ca-file", "", "the broker's certificate (PEM)")
 	out := fs.String("out", "", "write the route credential here (0600)")
-	ttl := fs.Int("ttl", 600, "bootstrap lifetime in seconds")
+	ttl := fs.Int("ttl", int(wire.DefaultBootstrapTTL/time.Second), "bootstrap lifetime in seconds")
 	device := fs.String("device", "bench", "device of the Relay login (auth id and device_id): one route credential per device")
 	fs.Parse(args)
 	if !validDeviceName(*device) {
@@ -764,7 +764,7 @@ func cmdReachIdle(args []string) error {
 					continue
 				}
 				bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
-				b, err := j.h.c.PublishBootstrap(bctx, 10*time.Minute)
+				b, err := j.h.c.PublishBootstrap(bctx, wire.DefaultBootstrapTTL)
 				if err == nil {
 					var c net.Conn
 					cfg := reachCred{b.BrokerURL, b.HostID, "bootstrap", wire.Secret(b.Token)}.config(pool)

@@ -19,7 +19,6 @@ import (
 	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/internal/pairing"
-	"github.com/hermes-securelink/securelink/pinning"
 )
 
 func pairCommand() *cli.Command {
@@ -236,7 +235,7 @@ func verifyWithQRSecret(p *pairing.Payload) (key []byte, path string, err error)
 }
 
 // pairNotes says what each shipped client cannot do with this pairing.
-func pairNotes(cand pinning.Candidate, broker *pairing.BrokerBootstrap) []pairing.ClientNote {
+func pairNotes(cand pairing.PluginProxyCandidate, broker *pairing.BrokerBootstrap) []pairing.ClientNote {
 	var f pairing.ClientFacts
 	if u, err := url.Parse(cand.Proxy.URL); err == nil {
 		f.AuthorityHost = u.Hostname()

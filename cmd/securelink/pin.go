@@ -43,21 +43,21 @@ func pinCommand() *cli.Command {
 }
 
 type pinJSON struct {
-	Authority  string            `json:"authority"`
-	URL        string            `json:"url"`
-	PinSHA256  string            `json:"pin_sha256"`
-	CertSHA256 string            `json:"cert_sha256"`
-	CertDER    string            `json:"cert_der"`
-	NotBefore  string            `json:"not_before"`
-	NotAfter   string            `json:"not_after"`
-	SANs       []string          `json:"sans"`
-	KeyType    string            `json:"key_type"`
-	ChangedAt  string            `json:"identity_changed_at"`
-	StateDir   string            `json:"state_dir"`
-	Source     string            `json:"source"`
-	Rotated    bool              `json:"rotated,omitempty"`
-	OldPin     string            `json:"old_pin_sha256,omitempty"`
-	Candidate  pinning.Candidate `json:"candidate"`
+	Authority  string                       `json:"authority"`
+	URL        string                       `json:"url"`
+	PinSHA256  string                       `json:"pin_sha256"`
+	CertSHA256 string                       `json:"cert_sha256"`
+	CertDER    string                       `json:"cert_der"`
+	NotBefore  string                       `json:"not_before"`
+	NotAfter   string                       `json:"not_after"`
+	SANs       []string                     `json:"sans"`
+	KeyType    string                       `json:"key_type"`
+	ChangedAt  string                       `json:"identity_changed_at"`
+	StateDir   string                       `json:"state_dir"`
+	Source     string                       `json:"source"`
+	Rotated    bool                         `json:"rotated,omitempty"`
+	OldPin     string                       `json:"old_pin_sha256,omitempty"`
+	Candidate  pairing.PluginProxyCandidate `json:"candidate"`
 }
 
 func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
@@ -129,7 +129,7 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 		Source:     id.Source,
 		Rotated:    rotate,
 		OldPin:     oldPin,
-		Candidate:  pinning.PluginProxyCandidate(ra.Authority, id),
+		Candidate:  pairing.NewPluginProxyCandidate(ra.Authority, id),
 	}
 	if asJSON {
 		if err := printJSON(out); err != nil {

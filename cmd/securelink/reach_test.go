@@ -169,7 +169,7 @@ func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
 	pool := x509.NewCertPool()
 	pemBytes, _ := os.ReadFile(rs.certFile)
 	pool.AppendCertsFromPEM(pemBytes)
-	cfg := cand.Config()
+	cfg := client.CandidateConfig(cand)
 	cfg.RootCAs = pool
 	host, _ := cand.Authority()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/internal/pairing"
-	"github.com/hermes-securelink/securelink/pinning"
 )
 
 // The admin API: one route constant and one Go type per request and reply,
@@ -42,11 +41,11 @@ type Availability struct {
 // Identity is GET /identity: the identity the daemon serves right now and
 // the plugin_proxy candidate built from it.
 type Identity struct {
-	Authority string            `json:"authority"`
-	URL       string            `json:"url"`
-	PinSHA256 string            `json:"pin_sha256"`
-	CertDER   string            `json:"cert_der"`
-	Candidate pinning.Candidate `json:"candidate"`
+	Authority string                       `json:"authority"`
+	URL       string                       `json:"url"`
+	PinSHA256 string                       `json:"pin_sha256"`
+	CertDER   string                       `json:"cert_der"`
+	Candidate pairing.PluginProxyCandidate `json:"candidate"`
 }
 
 // BootstrapRequest is POST /reach/bootstrap's body; 0 means

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/hermes-securelink/securelink/internal/admin"
-	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 )
 
 func (d *daemon) registerAdmin() {
@@ -23,7 +23,7 @@ func (d *daemon) registerAdmin() {
 			URL:       a.URL(),
 			PinSHA256: id.Pin,
 			CertDER:   id.CertDERBase64(),
-			Candidate: pinning.PluginProxyCandidate(a, id),
+			Candidate: pairing.NewPluginProxyCandidate(a, id),
 		}, 0, nil
 	})
 }

@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -112,7 +112,7 @@ func ParseEndpoint(raw []byte) (Endpoint, error) {
 
 // PluginProxyEndpoint turns the daemon's plugin_proxy candidate into an
 // endpoint, after the checks the clients apply before they pin it.
-func PluginProxyEndpoint(c pinning.Candidate) (Endpoint, error) {
+func PluginProxyEndpoint(c PluginProxyCandidate) (Endpoint, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -285,10 +285,10 @@ func (b BrokerBootstrap) GoString() string { return b.String() }
 // a host_id of 16 and a token of 32 bytes in canonical unpadded base64url,
 // and an expiry.
 func (b BrokerBootstrap) Validate() error {
-	if err := checkBrokerURL(b.BrokerURL); err != nil {
+	if _, err := wire.ParseBrokerURL(b.BrokerURL); err != nil {
 		return err
 	}
-	if !canonicalBase64URL(b.HostID, 16) {
+	if _, err := wire.ParseID(b.HostID); err != nil {
 		return errors.New("reach host_id is not 16 bytes of unpadded base64url")
 	}
 	if !canonicalBase64URL(b.Token, 32) {
@@ -296,19 +296,6 @@ func (b BrokerBootstrap) Validate() error {
 	}
 	if b.ExpiresAt <= 0 {
 		return errors.New("reach bootstrap token has no expiry")
-	}
-	return nil
-}
-
-func checkBrokerURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil {
-		return errors.New("reach broker URL does not parse")
-	}
-	if u.Scheme != "wss" || u.Host == "" || u.Hostname() == "" || u.User != nil || u.Opaque != "" ||
-		u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Path != "/v1/connect" ||
-		(u.RawPath != "" && u.RawPath != "/v1/connect") {
-		return fmt.Errorf("reach broker URL %q: want wss://host[:port]/v1/connect", s)
 	}
 	return nil
 }
@@ -321,56 +308,37 @@ func canonicalBase64URL(s string, n int) bool {
 	return err == nil && len(b) == n
 }
 
-// brokerProxyKeys are the proxy members the broker candidate repeats from
-// the plugin_proxy candidate; services is left out (no client reads it
-// there, and QR space is scarce).
-var brokerProxyKeys = []string{"url", "transport_hint", "pin_sha256", "cert_der", "surfaces"}
-
 // BrokerEndpoint builds the outbound_broker candidate for b, carrying the
-// same pin and certificate as pluginProxy. It is experimental, never
-// recommended, and never labelled plugin_proxy or pinned_tls: the broker is
-// not the trust boundary, the pinned TLS inside it is.
-func BrokerEndpoint(b BrokerBootstrap, pluginProxy Endpoint) (Endpoint, error) {
+// same front, pin and certificate as pluginProxy (NewBrokerCandidate: its
+// proxy leaves services out, no client reads it there and QR space is
+// scarce). It is experimental, never recommended, and never labelled
+// plugin_proxy or pinned_tls: the broker is not the trust boundary, the
+// pinned TLS inside it is.
+func BrokerEndpoint(b BrokerBootstrap, pluginProxy PluginProxyCandidate) (Endpoint, error) {
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	if !hasRole(pluginProxy.Role(), pluginProxyRoles) {
-		return nil, errors.New("the broker candidate needs the plugin_proxy candidate's proxy")
+	c, err := NewBrokerCandidate(0, BrokerCredential{
+		URL:            b.BrokerURL,
+		HostID:         b.HostID,
+		CredentialKind: string(wire.KindBootstrap),
+		Token:          wire.Secret(b.Token),
+		ExpiresAt:      b.ExpiresAt,
+	}, pluginProxy.Proxy.URL, pluginProxy.Proxy.PinSHA256, pluginProxy.Proxy.CertDER)
+	if err != nil {
+		return nil, err
 	}
-	src, ok := pluginProxy["proxy"].(map[string]any)
-	if !ok {
-		return nil, errors.New("the plugin_proxy candidate has no proxy object")
+	raw, err := c.QRJSON()
+	if err != nil {
+		return nil, err
 	}
-	proxy := make(map[string]any, len(brokerProxyKeys))
-	for _, k := range brokerProxyKeys {
-		v, ok := src[k]
-		if !ok {
-			return nil, fmt.Errorf("the plugin_proxy candidate's proxy has no %s", k)
-		}
-		proxy[k] = cloneValue(v)
-	}
-	return Endpoint{
-		"role":         RoleOutboundBroker,
-		"priority":     IntOf(0),
-		"recommended":  false,
-		"experimental": true,
-		"security":     "e2ee_pinned_tls",
-		"broker": map[string]any{
-			"protocol_version": IntOf(1),
-			"url":              b.BrokerURL,
-			"host_id":          b.HostID,
-			"credential_kind":  "bootstrap",
-			"token":            b.Token,
-			"expires_at":       IntOf(b.ExpiresAt),
-		},
-		"proxy": proxy,
-	}, nil
+	return ParseEndpoint(raw)
 }
 
 // BuildEndpoints returns the candidates of `securelink pair` in their fixed
 // order — plugin_proxy, the LAN routes, then the broker (always last) — with
 // priority equal to the position, 0 being the highest.
-func BuildEndpoints(pluginProxy pinning.Candidate, lans []LANRoute, broker *BrokerBootstrap) ([]Endpoint, error) {
+func BuildEndpoints(pluginProxy PluginProxyCandidate, lans []LANRoute, broker *BrokerBootstrap) ([]Endpoint, error) {
 	pp, err := PluginProxyEndpoint(pluginProxy)
 	if err != nil {
 		return nil, err
@@ -383,7 +351,7 @@ func BuildEndpoints(pluginProxy pinning.Candidate, lans []LANRoute, broker *Brok
 		out = append(out, l.Endpoint())
 	}
 	if broker != nil {
-		be, err := BrokerEndpoint(*broker, pp)
+		be, err := BrokerEndpoint(*broker, pluginProxy)
 		if err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -40,7 +41,8 @@ import (
 // header fields are validated as the Transport validates them; the same
 // policy functions apply to both directions, hop-by-hop response headers are
 // removed as ReverseProxy removes them; 1xx answers are relayed (under the
-// response policy, see infoWriter), trailers forwarded, bodies of
+// response policy, see infoWriter), trailers forwarded (under the response
+// policy too), bodies of
 // unknown length and event streams flushed per write; the response head is
 // bounded (64 KiB) and the limits (connect, idle read, total, response size)
 // and failure answers (502, 499, a cut connection) are the same. A request
@@ -121,6 +123,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	}
 	policy.StripHopByHop(resp.Header) // as ReverseProxy does on the other path
 	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
+	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream) // the announced names
 	if resp.ContentLength > l.MaxResponseBody {
 		b.Close()
 		f.fail(w, r, errResponseTooLarge)
@@ -129,6 +132,10 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	sse := isEventStream(resp.Header.Get("Content-Type"))
 	if sse {
 		b.total = time.Time{} // only the idle read applies
+		// Shutdown ends the stream (see directBody.end); its connection
+		// is never pooled, so ending it can only touch this exchange.
+		b.keep = false
+		defer f.s.trackStream(b.end)()
 	}
 	dst := w.Header()
 	for k, vv := range resp.Header {
@@ -157,6 +164,9 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		return
 	}
 	b.Close()
+	// Reading the body to its end filled in the trailers, announced or
+	// not: they get the response policy too.
+	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream)
 	if len(resp.Trailer) > 0 {
 		// Force chunking so net/http does not compute a length and drop
 		// the trailers.
@@ -333,6 +343,14 @@ type directBody struct {
 	done  bool
 	read  int64
 	eof   bool
+	ended atomic.Bool // Shutdown ended the stream: reads report its end
+}
+
+// end stops the exchange from another goroutine (Shutdown ending an event
+// stream) so that the copy sees the body's end, not a failure.
+func (b *directBody) end() {
+	b.ended.Store(true)
+	b.pc.cancel()
 }
 
 func (b *directBody) Read(p []byte) (int, error) {
@@ -347,7 +365,7 @@ func (b *directBody) Read(p []byte) (int, error) {
 		// writing to a slow client is not upstream idleness.
 		if err := b.pc.setReadDeadline(readDeadline(b.f.limits.UpstreamIdleRead, b.total)); err != nil {
 			b.finish(false)
-			return 0, err
+			return 0, b.endedOr(err)
 		}
 	}
 	n, err := b.rc.Read(p)
@@ -364,8 +382,17 @@ func (b *directBody) Read(p []byte) (int, error) {
 		if canceled {
 			err = context.Canceled
 		}
+		err = b.endedOr(err)
 	}
 	return n, err
+}
+
+// endedOr is io.EOF when Shutdown ended the stream, else err.
+func (b *directBody) endedOr(err error) error {
+	if b.ended.Load() {
+		return io.EOF
+	}
+	return err
 }
 
 var errBodyClosed = errors.New("read on a closed upstream body")
@@ -389,7 +416,8 @@ func (b *directBody) finish(eof bool) {
 }
 
 // writeRequestHead writes what (*http.Request).Write writes for a request
-// without a body, as http.Transport sends it: the request line, Host,
+// without a body, as http.Transport sends it: the request line (refused
+// unless it re-parses to the same method and target), Host,
 // User-Agent only when present and not empty (ReverseProxy's rule: a client
 // without one is not given Go's), "Content-Length: 0" for POST, PUT and
 // PATCH, then the other fields in key order with
@@ -399,14 +427,12 @@ func (b *directBody) finish(eof bool) {
 // the two byte for byte.
 func writeRequestHead(bw *bufio.Writer, r *http.Request) error {
 	ruri := r.URL.RequestURI()
-	for i := 0; i < len(ruri); i++ {
-		if c := ruri[i]; c < ' ' || c == 0x7f {
-			return errors.New("net/http: can't write control character in Request.URL")
-		}
-	}
 	method := r.Method
 	if method == "" {
 		method = http.MethodGet
+	}
+	if err := checkRequestLine(method, ruri); err != nil {
+		return err
 	}
 	bw.WriteString(method)
 	bw.WriteByte(' ')
@@ -449,6 +475,19 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request) error {
 	_, err := bw.WriteString("\r\n")
 	return err
 }
+
+// checkRequestLine refuses an upstream request line that would not re-parse
+// to method and target, whatever transport the client spoke: both paths
+// call it where the line is written (writeRequestHead, lineChecked), behind
+// the same rules at the front's entry (route).
+func checkRequestLine(method, target string) error {
+	if !policy.ValidMethod(method) {
+		return errInvalidMethod
+	}
+	return policy.CheckRequestTarget(target)
+}
+
+var errInvalidMethod = errors.New("method is not a token")
 
 var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
 

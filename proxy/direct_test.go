@@ -353,7 +353,8 @@ func TestDirectPathHonorsConnectionCloseAndRefusesUnaskedUpgrades(t *testing.T) 
 }
 
 // FuzzRequestHead holds writeRequestHead to what (*http.Request).Write
-// writes for the same bodiless request, byte for byte. Header lines are
+// writes for the same bodiless request, byte for byte, when the request line
+// passes checkRequestLine (and refuses it otherwise). Header lines are
 // "Name: value" separated by "\n"; CONNECT never reaches the forwarder.
 func FuzzRequestHead(f *testing.F) {
 	f.Add("GET", "/v1/x", "a=1&b=%20", "Accept: */*\nUser-Agent: hermes/1\nX-Custom: kept")
@@ -386,6 +387,15 @@ func FuzzRequestHead(f *testing.F) {
 		bw := bufio.NewWriter(&got)
 		gotErr := writeRequestHead(bw, req)
 		bw.Flush()
+		if checkRequestLine(method, req.URL.RequestURI()) != nil {
+			// Request.Write writes lines that do not re-parse to the
+			// same method and target (FuzzUpstreamRequestLine); the
+			// direct path refuses them.
+			if gotErr == nil {
+				t.Fatalf("wrote a refused request line: %q", got.String())
+			}
+			return
+		}
 
 		// ReverseProxy's rule, which writeRequestHead applies itself: no
 		// User-Agent stays none.

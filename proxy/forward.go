@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermes-securelink/securelink/proxy/policy"
@@ -47,6 +48,7 @@ type exchange struct {
 	cancel    context.CancelFunc
 	total     *time.Timer
 	body      *limitedBody
+	untrack   func() // an event stream's deregistration (Server.trackStream)
 }
 
 type exchangeKey struct{}
@@ -79,7 +81,7 @@ func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority s
 	f.basePath = strings.TrimSuffix(upstream.EscapedPath(), "/")
 	f.rp = &httputil.ReverseProxy{
 		Rewrite:        f.rewrite,
-		Transport:      f.transport,
+		Transport:      lineChecked{f.transport},
 		ModifyResponse: f.modifyResponse,
 		ErrorHandler:   f.errorHandler,
 		BufferPool:     bufferPool,
@@ -88,6 +90,19 @@ func newForwarder(s *Server, ns policy.Namespace, upstream *url.URL, authority s
 		ErrorLog: log.New(serverErrorLog{log: s.log, event: "reverse_proxy"}, "", 0),
 	}
 	return f
+}
+
+// lineChecked refuses a request whose upstream request line would not
+// re-parse to its method and target (checkRequestLine) before the Transport
+// writes it: the Transport checks the method, but writes a target holding a
+// space as it is.
+type lineChecked struct{ *http.Transport }
+
+func (t lineChecked) RoundTrip(r *http.Request) (*http.Response, error) {
+	if err := checkRequestLine(r.Method, r.URL.RequestURI()); err != nil {
+		return nil, err
+	}
+	return t.Transport.RoundTrip(r)
 }
 
 // close releases the idle upstream connections of both paths and keeps no
@@ -150,6 +165,11 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQu
 		w = &infoWriter{ResponseWriter: w, f: f}
 	}
 	ctx = context.WithValue(ctx, exchangeKey{}, ex)
+	defer func() {
+		if ex.untrack != nil {
+			ex.untrack()
+		}
+	}()
 	f.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -187,10 +207,21 @@ func (f *forwarder) modifyResponse(resp *http.Response) error {
 	if resp.ContentLength > f.limits.MaxResponseBody {
 		return errResponseTooLarge
 	}
+	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream) // the names ReverseProxy announces
+	ib := newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
+	// The trailers' values arrive with the body's end, and ReverseProxy
+	// copies them after reading it: the response policy applies then.
+	ib.trailers, ib.f = resp, f
+	resp.Body = ib
 	if ex.total != nil && isEventStream(resp.Header.Get("Content-Type")) {
 		ex.total.Stop() // SSE: only the idle read applies
+		// Shutdown ends the stream: the upstream request is canceled and
+		// the body reports its end, so ReverseProxy finishes the response.
+		ex.untrack = f.s.trackStream(func() {
+			ib.ended.Store(true)
+			ex.cancel()
+		})
 	}
-	resp.Body = newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
 	return nil
 }
 
@@ -291,6 +322,11 @@ type idleBody struct {
 	idle      time.Duration
 	timer     *time.Timer
 	remaining int64
+	// trailers is the response whose Trailer the response policy of f's
+	// namespace filters when the body ends.
+	trailers *http.Response
+	f        *forwarder
+	ended    atomic.Bool // Shutdown ended the stream: reads report its end
 }
 
 func newIdleBody(rc io.ReadCloser, idle time.Duration, max int64, cancel context.CancelFunc) *idleBody {
@@ -305,9 +341,15 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	b.timer.Reset(b.idle)
 	n, err := b.rc.Read(p)
 	b.timer.Stop()
+	if err != nil && b.ended.Load() {
+		err = io.EOF
+	}
 	b.remaining -= int64(n)
 	if b.remaining < 0 {
 		return 0, errResponseTooLarge
+	}
+	if err == io.EOF && b.trailers != nil {
+		policy.ResponseHeaders(b.f.ns, b.trailers.Trailer, b.f.upstream)
 	}
 	return n, err
 }

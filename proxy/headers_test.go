@@ -32,6 +32,12 @@ var hostileHeaders = []string{
 	"X-Hermes-Relay-Session: forged-session",
 	"X-Hermes-Proxy-Secret: forged-secret",
 	"X-Hermes-Proxy-Peer: 6.6.6.6",
+	// Underscore names: a WSGI-style upstream merges them into the dashed
+	// (trusted) ones.
+	"X_Forwarded_For: 6.6.6.6",
+	"X_Real_IP: 6.6.6.6",
+	"Remote_User: admin",
+	"x_hermes_proxy_secret: forged",
 }
 
 var strippedEverywhere = []string{
@@ -55,6 +61,11 @@ func checkStripped(t *testing.T, ns string, got http.Header) {
 	for _, name := range strippedEverywhere {
 		if v, ok := got[name]; ok {
 			t.Errorf("%s: upstream received %s: %q", ns, name, v)
+		}
+	}
+	for k, v := range got {
+		if strings.Contains(k, "_") {
+			t.Errorf("%s: upstream received the underscore header %s: %q", ns, k, v)
 		}
 	}
 	if c := got.Get("Connection"); c != "" && !strings.EqualFold(c, "close") && !strings.EqualFold(c, "keep-alive") {

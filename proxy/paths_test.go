@@ -506,3 +506,72 @@ func TestUploadAndAnswerStreamBothWays(t *testing.T) {
 		t.Fatalf("rest %q, err %v", rest, err)
 	}
 }
+
+// Trailers get the response header policy of their namespace: internal
+// headers never reach a client as trailers, nor Set-Cookie from the API,
+// announced or not, whichever protocol the client speaks.
+func TestBothPathsApplyTheResponseHeaderPolicyToTrailers(t *testing.T) {
+	internal := []string{"X-Hermes-Relay-Session", "X-Hermes-Proxy-Secret", "X-Hermes-Proxy-Peer"}
+	for _, p := range forwardPaths {
+		for _, cl := range strayClients {
+			t.Run(p.name+"/"+cl.name, func(t *testing.T) {
+				h := newHarness(t)
+				trailing := func(w http.ResponseWriter, r *http.Request) {
+					io.Copy(io.Discard, r.Body)
+					w.Header().Set("Trailer", "X-Hermes-Relay-Session, Set-Cookie, X-Checksum")
+					w.WriteHeader(200)
+					io.WriteString(w, "body")
+					w.(http.Flusher).Flush()
+					w.Header().Set("X-Hermes-Relay-Session", "leaked-session")
+					w.Header().Set("Set-Cookie", "sid=leak; Path=/; Domain=127.0.0.1")
+					w.Header().Set("X-Checksum", "42")
+					w.Header().Set(http.TrailerPrefix+"X-Hermes-Proxy-Secret", "leaked-secret")
+					w.Header().Set(http.TrailerPrefix+"X-Hermes-Proxy-Peer", "6.6.6.6")
+					w.Header().Add(http.TrailerPrefix+"Set-Cookie", "late=leak; Path=/")
+				}
+				h.api.handle(trailing)
+				h.dash.handle(trailing)
+				for _, ns := range []string{"/api", "/dashboard"} {
+					resp, err := h.clientProto(cl.h2).Do(p.request(t, h, ns+"/x"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if cl.h2 != (resp.ProtoMajor == 2) {
+						t.Fatalf("client spoke %s", resp.Proto)
+					}
+					for _, name := range internal {
+						if _, ok := resp.Trailer[name]; ok {
+							t.Errorf("%s: %s announced as a trailer", ns, name)
+						}
+					}
+					body, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil || string(body) != "body" {
+						t.Fatalf("%s: body %q, err %v", ns, body, err)
+					}
+					for _, name := range internal {
+						if v := resp.Trailer.Values(name); len(v) != 0 {
+							t.Errorf("%s: trailer %s reached the client: %q", ns, name, v)
+						}
+					}
+					if resp.Trailer.Get("X-Checksum") != "42" {
+						t.Errorf("%s: ordinary trailer lost: %v", ns, resp.Trailer)
+					}
+					cookies := resp.Trailer.Values("Set-Cookie")
+					switch ns {
+					case "/api":
+						if len(cookies) != 0 {
+							t.Errorf("/api: Set-Cookie trailer reached the client: %q", cookies)
+						}
+					case "/dashboard":
+						for _, c := range cookies {
+							if !strings.Contains(c, "Path=/dashboard") || strings.Contains(c, "Domain") {
+								t.Errorf("/dashboard: Set-Cookie trailer not rewritten: %q", c)
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+}

@@ -2,6 +2,7 @@
 
 package proxy
 
-// peekAlive cannot look without blocking here; a connection the upstream
-// closed fails on use and the request is retried where that is safe.
-func peekAlive(uintptr) bool { return true }
+// peekAlive cannot look without blocking here, so it cannot tell a silent
+// connection from one holding bytes the upstream sent past its response:
+// pooled connections are never reused (see upstreamPool.get).
+func peekAlive(uintptr) bool { return false }

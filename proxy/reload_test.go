@@ -1,13 +1,16 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -223,5 +226,94 @@ func TestShutdownLetsInFlightRequestsFinish(t *testing.T) {
 	}
 	if err := <-shut; err != nil {
 		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// Graceful stop ends an open event stream at once and cleanly (the client
+// reads a properly terminated response, no error), so the drain is not held
+// for its whole grace, while an ordinary in-flight request still completes.
+// The stream must end while the slow request is still held by the upstream:
+// that ordering, not a clock, is the assertion.
+func TestShutdownEndsEventStreamsCleanlyAndLetsRequestsFinish(t *testing.T) {
+	for _, p := range forwardPaths {
+		for _, cl := range strayClients {
+			t.Run(p.name+"/"+cl.name, func(t *testing.T) {
+				h := newHarness(t)
+				release, started := make(chan struct{}), make(chan struct{})
+				releaseAll := sync.OnceFunc(func() { close(release) })
+				t.Cleanup(releaseAll) // before the upstream's Close waits for its handlers
+				h.api.handle(func(w http.ResponseWriter, r *http.Request) {
+					io.Copy(io.Discard, r.Body)
+					if r.URL.Path == "/slow" {
+						close(started)
+						<-release
+						io.WriteString(w, "finished")
+						return
+					}
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, "data: 1\n\n")
+					w.(http.Flusher).Flush()
+					select { // an endless stream, until the front leaves
+					case <-r.Context().Done():
+					case <-release:
+					}
+				})
+				resp, err := h.clientProto(cl.h2).Do(p.request(t, h, "/api/events"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				if cl.h2 != (resp.ProtoMajor == 2) {
+					t.Fatalf("client spoke %s", resp.Proto)
+				}
+				br := bufio.NewReader(resp.Body)
+				if line, err := br.ReadString('\n'); err != nil || line != "data: 1\n" {
+					t.Fatalf("first event %q, %v", line, err)
+				}
+				type result struct {
+					body string
+					err  error
+				}
+				sse := make(chan result, 1)
+				go func() {
+					b, err := io.ReadAll(br)
+					sse <- result{string(b), err}
+				}()
+				slow := make(chan result, 1)
+				go func() {
+					resp, err := h.clientProto(cl.h2).Do(p.request(t, h, "/api/slow"))
+					if err != nil {
+						slow <- result{err: err}
+						return
+					}
+					b, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					slow <- result{string(b), err}
+				}()
+				<-started
+				shut := make(chan error, 1)
+				go func() {
+					// The daemon's grace (cmd/securelink: shutdownGrace).
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					shut <- h.srv.Shutdown(ctx)
+				}()
+				select {
+				case r := <-sse:
+					if r.err != nil || r.body != "\n" {
+						t.Fatalf("event stream ended with %q, %v; want a clean end", r.body, r.err)
+					}
+				case <-time.After(testTimeout):
+					t.Fatal("Shutdown did not end the event stream while an ordinary request was in flight")
+				}
+				releaseAll()
+				if r := <-slow; r.err != nil || r.body != "finished" {
+					t.Fatalf("in-flight request during Shutdown: %q %v", r.body, r.err)
+				}
+				if err := <-shut; err != nil {
+					t.Fatalf("Shutdown: %v (the drain waited for the whole grace)", err)
+				}
+			})
+		}
 	}
 }

@@ -12,6 +12,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -53,13 +54,16 @@ type Server struct {
 	health   http.Handler
 	http     *http.Server
 	tls      *tls.Config
+	// tlsNoResume is tls without session resumption (see configForClient).
+	tlsNoResume *tls.Config
 
 	// sniRejected counts handshakes refused for an unknown server name.
 	sniRejected atomic.Uint64
 	metrics     *metrics.Front
 
 	mu       sync.Mutex
-	upgraded map[net.Conn]struct{} // byte-level upgrades, closed on Shutdown
+	upgraded map[net.Conn]struct{}     // byte-level upgrades, closed on Shutdown
+	streams  map[*eventStream]struct{} // open event streams, ended on Shutdown
 	closing  bool
 }
 
@@ -80,7 +84,7 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}}
+	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}, streams: map[*eventStream]struct{}{}}
 	s.prober = probe.New(probe.Options{
 		Interval: opts.Limits.ProbeInterval,
 		Timeout:  opts.Limits.ProbeTimeout,
@@ -99,9 +103,17 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 	}
 	s.tls = &tls.Config{
 		MinVersion:     tls.VersionTLS12,
+		CipherSuites:   tls12Suites,
 		NextProtos:     []string{"h2", "http/1.1"},
 		GetCertificate: s.getCertificate,
 	}
+	// A handshake naming an unknown server gets this copy: without session
+	// resumption, so a ticket issued under a known name cannot skip the
+	// certificate choice (TLS 1.3 resumption does not ask GetCertificate),
+	// and getCertificate refuses it with unrecognized_name.
+	s.tlsNoResume = s.tls.Clone()
+	s.tlsNoResume.SessionTicketsDisabled = true
+	s.tls.GetConfigForClient = s.configForClient
 	l := opts.Limits
 	s.http = &http.Server{
 		Handler:           s,
@@ -128,6 +140,18 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 		},
 	}
 	return s, nil
+}
+
+// tls12Suites are the TLS 1.2 suites the front offers: ECDHE with an AEAD
+// cipher only, for either identity key type (Go's default list adds
+// CBC-SHA1 suites). TLS 1.3 suites are not configurable and are Go's.
+var tls12Suites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 }
 
 // Reload applies new options and identity to new requests and handshakes.
@@ -219,6 +243,17 @@ func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, e
 	return &s.identity.Load().Certificate, nil
 }
 
+// configForClient keeps the SNI rule on resumed sessions: a hello naming
+// an unknown server may not resume, so it takes the full handshake, where
+// getCertificate refuses it. It runs for every ClientHello, before the
+// resumption decision; known names and no SNI keep the shared config.
+func (s *Server) configForClient(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+	if hello.ServerName != "" && !s.state.Load().host.Allowed(hello.ServerName) {
+		return s.tlsNoResume, nil
+	}
+	return nil, nil
+}
+
 // Serve accepts TLS connections on ln until Shutdown. ln is a plain
 // (TCP or in-memory) listener; TLS is added here with the front's policy.
 func (s *Server) Serve(ln net.Listener) error {
@@ -229,12 +264,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// Shutdown stops accepting, lets in-flight requests finish until ctx ends,
-// closes bridged WebSockets with 1001 and byte-level upgrades, and returns.
+// Shutdown stops accepting, ends open event streams cleanly at once (they
+// would otherwise hold the drain for all of ctx and then be cut), lets the
+// other in-flight requests finish until ctx ends, closes bridged WebSockets
+// with 1001 and byte-level upgrades, and returns.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	s.closing = true
-	s.mu.Unlock()
+	s.endStreams()
 	bridgeErr := make(chan error, 1)
 	go func() { bridgeErr <- s.bridge.Shutdown(ctx) }()
 	httpErr := s.http.Shutdown(ctx)
@@ -256,6 +291,47 @@ func (s *Server) Close() error {
 	s.closeUpgrades()
 	s.prober.Close()
 	return err
+}
+
+// eventStream is one open text/event-stream response; end makes its copy
+// loop see the end of the upstream body, so the handler returns and the
+// client gets a properly terminated response (the last chunk on HTTP/1.1,
+// END_STREAM on HTTP/2), as a WebSocket gets 1001.
+type eventStream struct{ end func() }
+
+// trackStream registers an event stream for Shutdown and returns its
+// deregistration. A stream that starts once Shutdown has begun is ended at
+// once.
+func (s *Server) trackStream(end func()) (untrack func()) {
+	es := &eventStream{end: end}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		end()
+		return func() {}
+	}
+	s.streams[es] = struct{}{}
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.streams, es)
+		s.mu.Unlock()
+	}
+}
+
+// endStreams marks the front as closing (no new upgrades or streams) and
+// ends the open event streams.
+func (s *Server) endStreams() {
+	s.mu.Lock()
+	s.closing = true
+	open := make([]*eventStream, 0, len(s.streams))
+	for es := range s.streams {
+		open = append(open, es)
+	}
+	s.mu.Unlock()
+	for _, es := range open {
+		es.end()
+	}
 }
 
 // closeUpgrades refuses new byte-level upgrades and closes the open ones.
@@ -302,6 +378,12 @@ const nsNone = "none"
 // label of the request for metrics.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) string {
 	st := s.state.Load()
+	// HTTP/2 carries the method as a header value: "TRACE " or "GET /x"
+	// must not pass the check below and then be written upstream.
+	if !policy.ValidMethod(r.Method) {
+		plainError(w, http.StatusBadRequest)
+		return nsNone
+	}
 	if r.Method == http.MethodConnect || r.Method == http.MethodTrace {
 		plainError(w, http.StatusMethodNotAllowed)
 		return nsNone
@@ -317,6 +399,12 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) string {
 		return nsNone
 	}
 	rawPath, rawQuery, _ := strings.Cut(r.RequestURI, "?")
+	if policy.CheckRawQuery(rawQuery) != nil {
+		// Over HTTP/2 a query may hold a space or a '#'; forwarded, it
+		// would add tokens to the upstream's request line.
+		plainError(w, http.StatusBadRequest)
+		return nsNone
+	}
 	ns, tail, ok := policy.Split(rawPath)
 	if !ok {
 		plainError(w, http.StatusNotFound)
@@ -400,9 +488,12 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// serverErrorLog routes net/http's internal messages (TLS handshake errors
-// and the like) to zerolog at debug level: they are client noise, and they
-// never carry request secrets.
+// serverErrorLog routes the standard library's log lines (net/http's
+// internal messages: TLS handshake errors and the like) to zerolog at debug
+// level. They are client or upstream noise, and some quote what a peer sent
+// (http.Transport's "Unsolicited response ... starting with %q" quotes an
+// upstream's stray bytes), so only a bounded, inert prefix is kept (see
+// logLine). Handshake failures are classified on the whole line first.
 type serverErrorLog struct {
 	log     zerolog.Logger
 	event   string
@@ -410,14 +501,48 @@ type serverErrorLog struct {
 }
 
 func (l serverErrorLog) Write(p []byte) (int, error) {
-	msg := strings.TrimSpace(string(p))
 	if l.metrics != nil {
-		if reason, ok := handshakeFailureReason(msg); ok {
+		if reason, ok := handshakeFailureReason(string(p)); ok {
 			l.metrics.HandshakeFailure(reason)
 		}
 	}
-	l.log.Debug().Str("event", l.event).Msg(msg)
+	l.log.Debug().Str("event", l.event).Msg(logLine(p))
 	return len(p), nil
+}
+
+// maxLogLine bounds a standard-library log line in the structured log.
+const maxLogLine = 120
+
+// logLine is a standard-library log line as the structured log keeps it: at
+// most maxLogLine bytes, trimmed, every byte outside printable ASCII (control
+// characters, terminal escapes, line breaks) replaced by '?'.
+func logLine(p []byte) string {
+	p = bytes.TrimSpace(p)
+	cut := len(p) > maxLogLine
+	if cut {
+		p = p[:maxLogLine]
+	}
+	b := make([]byte, 0, len(p)+len(" [truncated]"))
+	for _, c := range p {
+		if c < 0x20 || c >= 0x7f {
+			c = '?'
+		}
+		b = append(b, c)
+	}
+	if cut {
+		b = append(b, " [truncated]"...)
+	}
+	return string(b)
+}
+
+// CaptureStandardLog sends the global log package's output (net/http's
+// Transport reports through it and has no logger of its own) through l, as
+// serverErrorLog does for the servers' ErrorLog. The daemon calls it once at
+// start.
+func CaptureStandardLog(l zerolog.Logger) {
+	log.SetFlags(0)
+	log.SetPrefix("")
+	log.SetOutput(serverErrorLog{log: l, event: "stdlib"})
 }
 
 // handshakeFailureReason classifies net/http's "TLS handshake error" lines.

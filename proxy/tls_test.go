@@ -7,12 +7,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
 func TestUnknownSNIFailsHandshakeAndIsCounted(t *testing.T) {
@@ -332,5 +336,127 @@ func TestIdleKeepAliveConnectionIsClosed(t *testing.T) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("an idle keep-alive connection was never closed")
+	}
+}
+
+// oneSessionCache offers the last session it was given under any name, as a
+// client trying to carry a ticket from one server name to another would.
+type oneSessionCache struct {
+	mu sync.Mutex
+	cs *tls.ClientSessionState
+}
+
+func (c *oneSessionCache) Get(string) (*tls.ClientSessionState, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cs, c.cs != nil
+}
+
+func (c *oneSessionCache) Put(_ string, cs *tls.ClientSessionState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cs != nil {
+		c.cs = cs
+	}
+}
+
+// A session ticket issued under one server name is not a way around the
+// unrecognized_name rule: resumed under an unknown name, the handshake
+// fails and is counted, on TLS 1.3 and 1.2 alike.
+func TestUnknownSNIFailsOnResumedSessions(t *testing.T) {
+	for _, v := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+		t.Run(tls.VersionName(v), func(t *testing.T) {
+			h := newHarness(t)
+			cache := &oneSessionCache{}
+			cfg := func(name string) *tls.Config {
+				return &tls.Config{
+					ServerName: name, InsecureSkipVerify: true, // the attacker checks nothing
+					ClientSessionCache: cache, MinVersion: v, MaxVersion: v, NextProtos: []string{"http/1.1"},
+				}
+			}
+			// connect sends one request, so a TLS 1.3 ticket (sent after
+			// the handshake) is read and stored.
+			connect := func(name string) (tls.ConnectionState, error) {
+				c, err := h.dialTLS(cfg(name))
+				if err != nil {
+					return tls.ConnectionState{}, err
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(testTimeout))
+				io.WriteString(c, "GET /relay/health HTTP/1.1\r\nHost: "+extraName+"\r\nConnection: close\r\n\r\n")
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					return tls.ConnectionState{}, err
+				}
+				io.Copy(io.Discard, resp.Body)
+				return c.ConnectionState(), nil
+			}
+			if _, err := connect(extraName); err != nil {
+				t.Fatalf("first handshake under %s: %v", extraName, err)
+			}
+			cs, err := connect(extraName)
+			if err != nil || !cs.DidResume {
+				t.Fatalf("resuming under %s: resumed %v, err %v; the test would check nothing", extraName, cs.DidResume, err)
+			}
+			before := h.srv.SNIRejected()
+			cs, err = connect("evil.example")
+			if err == nil {
+				t.Fatalf("a session resumed under an unknown name (resumed %v)", cs.DidResume)
+			}
+			if !strings.Contains(err.Error(), "unrecognized name") {
+				t.Errorf("resumption under an unknown name: %v, want an unrecognized_name alert", err)
+			}
+			if got := h.srv.SNIRejected(); got != before+1 {
+				t.Errorf("SNIRejected = %d, want %d", got, before+1)
+			}
+		})
+	}
+}
+
+// TLS 1.2 offers only ECDHE suites with AEAD ciphers (AES-GCM,
+// ChaCha20-Poly1305), for either identity key type; every other suite a
+// client may offer, CBC-SHA1 among them, fails the handshake.
+func TestTLS12OffersOnlyECDHEAEADSuites(t *testing.T) {
+	h := newHarness(t)
+	rsaCfg := h.idCfg
+	rsaCfg.StateDir, rsaCfg.KeyType = t.TempDir()+"/rsa", pinning.KeyRSA3072
+	rsaID, err := pinning.LoadOrCreate(rsaCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string][]uint16{
+		"ecdsa": {tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256},
+		"rsa":   {tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256},
+	}
+	for _, id := range []struct {
+		name string
+		id   *pinning.Identity
+	}{{"ecdsa", h.id}, {"rsa", rsaID}} {
+		if err := h.srv.Reload(h.opts, id.id); err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range append(tls.CipherSuites(), tls.InsecureCipherSuites()...) {
+			if !slices.Contains(cs.SupportedVersions, tls.VersionTLS12) {
+				continue
+			}
+			cfg := h.tlsConfigFor("127.0.0.1", id.id.Pin)
+			cfg.MaxVersion, cfg.CipherSuites = tls.VersionTLS12, []uint16{cs.ID}
+			c, err := h.dialTLS(cfg)
+			want := slices.Contains(allowed[id.name], cs.ID)
+			if err == nil {
+				got := c.ConnectionState().CipherSuite
+				c.Close()
+				if !want || got != cs.ID {
+					t.Errorf("%s identity: TLS 1.2 handshake with only %s succeeded (negotiated %s)", id.name, cs.Name, tls.CipherSuiteName(got))
+				}
+				continue
+			}
+			if want {
+				t.Errorf("%s identity: TLS 1.2 with %s: %v", id.name, cs.Name, err)
+			}
+			if strings.Contains(cs.Name, "ECDHE_"+strings.ToUpper(id.name)) && strings.Contains(cs.Name, "CBC") && !strings.Contains(err.Error(), "remote error") {
+				t.Errorf("%s identity: %s refused by the client itself (%v), not by the front", id.name, cs.Name, err)
+			}
+		}
 	}
 }

@@ -35,8 +35,11 @@ func newUpstreamPool(dialer *net.Dialer, addr string, idleTimeout time.Duration,
 }
 
 // get returns a live pooled connection, or dials one. A pooled connection
-// the upstream closed (or wrote to unasked) is dropped, as http.Transport's
-// readLoop drops it when it notices.
+// the upstream closed or wrote to unasked is dropped, as http.Transport's
+// readLoop drops it when it notices: bytes that arrive while a connection
+// is idle are never a response to the next request (which may be another
+// client's), so a connection holding any, in its reader or in the socket,
+// is closed (see clean).
 func (p *upstreamPool) get(ctx context.Context, total time.Time) (*upConn, error) {
 	p.mu.Lock()
 	for n := len(p.idle); n > 0; n = len(p.idle) {
@@ -44,7 +47,7 @@ func (p *upstreamPool) get(ctx context.Context, total time.Time) (*upConn, error
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if time.Since(pc.idleAt) < p.idleTimeout && pc.alive() {
+		if time.Since(pc.idleAt) < p.idleTimeout && pc.clean() {
 			pc.reused = true
 			return pc, nil
 		}
@@ -73,11 +76,15 @@ func (p *upstreamPool) get(ctx context.Context, total time.Time) (*upConn, error
 	return pc, nil
 }
 
-// put returns a connection whose exchange ended cleanly.
+// put returns a connection whose exchange ended exactly at its framing (the
+// caller's part). A connection whose reader holds bytes past that end (a
+// body on HEAD, 204 or 304, more than the Content-Length, anything after the
+// last chunk) is closed, never kept: those bytes would be read as the next
+// request's response.
 func (p *upstreamPool) put(pc *upConn) {
 	pc.reused, pc.nRead, pc.sawEOF = false, 0, false
 	p.mu.Lock()
-	if p.retired || len(p.idle) >= p.maxIdle {
+	if p.retired || len(p.idle) >= p.maxIdle || pc.br.Buffered() > 0 {
 		p.mu.Unlock()
 		pc.conn.Close()
 		return
@@ -192,6 +199,12 @@ func (pc *upConn) setReadDeadline(t time.Time) error {
 		return context.Canceled
 	}
 	return nil
+}
+
+// clean reports whether a pooled connection may carry a new exchange: its
+// reader holds nothing and the socket is open and silent.
+func (pc *upConn) clean() bool {
+	return pc.br.Buffered() == 0 && pc.alive()
 }
 
 // alive reports whether a pooled connection is still open and silent, with

@@ -149,6 +149,7 @@ func TestRelayUpgradeCarriesOnlyAllowedHeaders(t *testing.T) {
 		"X-Hermes-Proxy-Peer":    {"6.6.6.6"},
 		"X-Hermes-Relay-Session": {"forged"},
 		"X-Custom":               {"nope"},
+		"X_Forwarded_For":        {"6.6.6.6"},
 		"Origin":                 {"https://app.example"},
 		"User-Agent":             {"HermesTest/1"},
 	}
@@ -166,6 +167,11 @@ func TestRelayUpgradeCarriesOnlyAllowedHeaders(t *testing.T) {
 		"X-Hermes-Proxy-Peer", "X-Hermes-Relay-Session", "X-Custom"} {
 		if v := got.Values(name); len(v) != 0 {
 			t.Errorf("relay received %s: %q", name, v)
+		}
+	}
+	for k := range got {
+		if strings.Contains(k, "_") {
+			t.Errorf("relay received the underscore header %s", k)
 		}
 	}
 	if got.Get("Origin") != "https://app.example" || got.Get("User-Agent") != "HermesTest/1" {

@@ -51,17 +51,42 @@ func startReachStack(t *testing.T) *reachStack {
 		bport, hostID, tokenFile, certFile, fmetrics))
 	d := startDaemon(t, cfgPath)
 
-	// The connector registers.
-	cl := admin.NewClient(filepath.Join(dir, "state", "admin.sock"))
-	eventually(t, 30*time.Second, func() string { return "connector never connected: " + d.stderr.String() }, func() bool {
-		var st struct {
-			Reach connector.Status `json:"reach"`
-		}
-		_, err := cl.Do(context.Background(), "GET", "/status", nil, &st)
-		return err == nil && st.Reach.State == "connected"
-	})
+	cl := waitReachConnected(t, dir, d)
 	return &reachStack{dir: dir, cfgPath: cfgPath, certFile: certFile, hostToken: hostToken,
 		frontMetrics: fmetrics, brokerMetrics: bmetrics, d: d, admin: cl}
+}
+
+// reachStatus is the connector's status as the daemon's admin socket reports it.
+func reachStatus(cl *admin.Client) (connector.Status, error) {
+	st, err := cl.Status(context.Background())
+	return st.Reach, err
+}
+
+// waitReachConnected waits for the connector of the daemon whose state
+// directory is dir/state to register, and returns its admin client.
+func waitReachConnected(t *testing.T, dir string, d *daemonProc) *admin.Client {
+	t.Helper()
+	cl := admin.NewClient(filepath.Join(dir, "state", "admin.sock"))
+	eventually(t, 30*time.Second, func() string { return "connector never connected: " + d.stderr.String() }, func() bool {
+		st, err := reachStatus(cl)
+		return err == nil && st.State == connector.StateConnected
+	})
+	return cl
+}
+
+// bootstrapAndIdentity asks the daemon for a fresh bootstrap and its
+// identity, what `securelink pair` puts in a broker candidate.
+func bootstrapAndIdentity(t *testing.T, ctx context.Context, cl *admin.Client) (admin.BootstrapReply, admin.Identity) {
+	t.Helper()
+	boot, _, err := cl.Bootstrap(ctx, admin.BootstrapRequest{TTLSeconds: 600})
+	if err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	ident, err := cl.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return boot, ident
 }
 
 func TestReachEndToEndFromTheCLI(t *testing.T) {
@@ -74,14 +99,7 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 	defer cancel()
 
 	// A bootstrap from the daemon, as `securelink pair` would get it.
-	var boot connector.Bootstrap
-	if _, err := cl.Do(ctx, "POST", "/reach/bootstrap", map[string]int{"ttl_seconds": 600}, &boot); err != nil {
-		t.Fatalf("bootstrap: %v", err)
-	}
-	var ident admin.Identity
-	if _, err := cl.Do(ctx, "GET", "/identity", nil, &ident); err != nil {
-		t.Fatal(err)
-	}
+	boot, ident := bootstrapAndIdentity(t, ctx, cl)
 	cand, err := client.NewCandidate(1, client.CandidateBroker{ProtocolVersion: 1, URL: boot.BrokerURL, HostID: boot.HostID,
 		CredentialKind: "bootstrap", Token: wire.Secret(boot.Token), ExpiresAt: boot.ExpiresAt}, ident.URL, ident.PinSHA256, ident.CertDER)
 	if err != nil {

@@ -109,6 +109,9 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	log := o.NewLogger(e.Cfg)
+	// net/http's Transport logs through the global logger (with bytes an
+	// upstream sent): into the structured log, truncated, at debug level.
+	proxy.CaptureStandardLog(log)
 	d.log, d.listenAddr = log, e.Cfg.Listen
 
 	lc := net.ListenConfig{KeepAlive: proxy.DefaultLimits().TCPKeepAlive}

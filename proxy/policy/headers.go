@@ -125,8 +125,8 @@ func IsWebSocketUpgrade(h http.Header) bool {
 //
 // Everywhere: hop-by-hop headers and the headers Connection names, Host,
 // Forwarded, X-Forwarded-*, X-Real-IP, True-Client-IP (and the other
-// client-IP/URL override headers in spoofable) and the internal headers are
-// removed. Then per namespace:
+// client-IP/URL override headers in spoofable), the internal headers and
+// every header whose name holds an underscore are removed. Then per namespace:
 //   - NSAPI: Cookie is dropped (the API's credential is its bearer token;
 //     dashboard cookies must not reach it); Authorization passes.
 //   - NSDashboard: Authorization is dropped (so an API key never reaches the
@@ -150,7 +150,10 @@ func RequestHeaders(ns Namespace, h http.Header, authority string, clientIP stri
 	StripHopByHop(h)
 	deleteWhere(h, func(c string) bool {
 		_, internal := internalSet[c]
-		return internal || isSpoofable(c)
+		// An underscore name is dropped whatever it says, as nginx does by
+		// default: WSGI-style upstreams (CGI variables) cannot tell
+		// X_Forwarded_For from X-Forwarded-For and merge the two.
+		return internal || isSpoofable(c) || strings.Contains(c, "_")
 	})
 	switch ns {
 	case NSAPI:
@@ -198,7 +201,9 @@ func ClientAddr(s string) (netip.Addr, bool) {
 
 // ResponseHeaders applies the response side of the table to an upstream
 // response's headers before the client sees them (ReverseProxy's
-// ModifyResponse). upstream is the namespace's configured upstream URL.
+// ModifyResponse), and to its trailers (the announced names, then the
+// values once the body has ended). upstream is the namespace's configured
+// upstream URL.
 //
 //   - Everywhere: the internal headers are removed, and so is Alt-Svc (it
 //     would advertise the upstream's ports on the front's host name).

@@ -455,3 +455,21 @@ func FuzzResponseHeaders(f *testing.F) {
 		}
 	})
 }
+
+func TestDropsUnderscoreNamesEverywhere(t *testing.T) {
+	for _, ns := range []Namespace{NSAPI, NSDashboard, NSRelay} {
+		h := http.Header{
+			"X_Forwarded_For": {"6.6.6.6"}, "X_real_ip": {"6.6.6.6"}, "Remote_User": {"admin"},
+			"x_hermes_proxy_secret": {"forged"}, "_": {"x"}, "User-Agent": {"app/1"},
+		}
+		RequestHeaders(ns, h, testAuthority, "198.51.100.9", false)
+		for k := range h {
+			if strings.Contains(k, "_") {
+				t.Errorf("%v: %s passed", ns, k)
+			}
+		}
+		if h.Get("User-Agent") != "app/1" {
+			t.Errorf("%v: User-Agent dropped", ns)
+		}
+	}
+}

@@ -26,8 +26,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/internal/testfake"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // extraName is an additional name of every test front (identity SAN, SNI and
@@ -204,7 +204,7 @@ type harness struct {
 	logs  *logSink
 
 	api, dash *upstream
-	relay     *relaytest.Relay
+	relay     *testfake.Relay
 
 	served chan error
 }
@@ -234,7 +234,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	h := &harness{t: t, ln: ln, served: make(chan error, 1)}
 	h.port = ln.Addr().(*net.TCPAddr).Port
 	h.addr = ln.Addr().String()
-	h.api, h.dash, h.relay = newAPI(t), newDashboard(t), relaytest.New(t, nil)
+	h.api, h.dash, h.relay = newAPI(t), newDashboard(t), testfake.NewRelay(t, nil)
 	h.logs = &logSink{t: t}
 	h.idCfg = pinning.IdentityConfig{
 		StateDir:   t.TempDir() + "/s",

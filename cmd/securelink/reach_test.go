@@ -46,7 +46,7 @@ func startReachStack(t *testing.T) *reachStack {
 
 	tokenFile := filepath.Join(dir, "host.token")
 	os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600)
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\nmetrics:\n  listen: %q\n",
 		bport, hostID, tokenFile, certFile, fmetrics))
 	d := startDaemon(t, cfgPath)

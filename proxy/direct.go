@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/hermes-securelink/securelink/proxy/policy"
+	"github.com/hermes-securelink/securelink/internal/policy"
 )
 
 // The direct path forwards a request without a body that is not an upgrade

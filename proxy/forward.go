@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hermes-securelink/securelink/proxy/policy"
+	"github.com/hermes-securelink/securelink/internal/policy"
 )
 
 // forwarder proxies one namespace to its fixed upstream. A request without a

@@ -4,7 +4,7 @@
 // The request path is deliberately narrow: method and request-target checks,
 // the Host check, then a fixed split of the raw path into a namespace. No
 // client input ever selects an upstream, and each namespace keeps its own
-// credential (see proxy/policy for the header table).
+// credential (see internal/policy for the header table).
 //
 // Every listener is served by the same http.Server, so a connection that
 // arrives through a Reach broker stream takes exactly the policy path of one
@@ -28,9 +28,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/hermes-securelink/securelink/internal/metrics"
+	"github.com/hermes-securelink/securelink/internal/policy"
+	"github.com/hermes-securelink/securelink/internal/probe"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/proxy/policy"
-	"github.com/hermes-securelink/securelink/proxy/probe"
 	"github.com/hermes-securelink/securelink/relay"
 )
 

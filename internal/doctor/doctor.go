@@ -23,9 +23,9 @@ import (
 	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/internal/pairing"
+	"github.com/hermes-securelink/securelink/internal/probe"
 	"github.com/hermes-securelink/securelink/internal/trust"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/proxy/probe"
 )
 
 // Status of one check.

@@ -72,7 +72,7 @@ type Config struct {
 	// WrapOuter, when set, wraps the outer connection right after the outer
 	// TLS handshake, so it sees the bytes exactly as the broker does
 	// (HTTP upgrade, masked WebSocket frames). It is for tests and
-	// diagnostics, e.g. Recorder.Wrap.
+	// diagnostics, e.g. a test recorder (internal/testfake.Recorder).
 	WrapOuter func(net.Conn) net.Conn
 }
 

@@ -12,10 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/broker/internal/wsmsg"
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -50,16 +49,17 @@ func (e *CloseError) Error() string {
 	return s
 }
 
-// closeError maps a WebSocket read error that carries a close frame.
+// closeError maps a read error that carries a close frame; a cut socket
+// (no close frame, 1006) is a lost connection.
 func closeError(err error) error {
-	var ce websocket.CloseError
-	if !errors.As(err, &ce) {
+	var ce *msgconn.CloseError
+	if !errors.As(err, &ce) || ce.Code == msgconn.CloseAbnormal {
 		return fmt.Errorf("%w: %v", ErrConnectionLost, err)
 	}
-	if ce.Code == websocket.StatusNormalClosure {
+	if ce.Code == wire.CloseNormal {
 		return io.EOF
 	}
-	return &CloseError{Code: int(ce.Code), Reason: ce.Reason}
+	return &CloseError{Code: ce.Code, Reason: ce.Reason}
 }
 
 // Conn is one matched broker stream as a net.Conn of raw bytes.
@@ -77,7 +77,7 @@ func closeError(err error) error {
 //   - Close ends the stream with close 1000; the broker then sends CLOSE to
 //     the host. There is no half-close: the protocol has none.
 type Conn struct {
-	ws       *websocket.Conn
+	ws       msgconn.Conn
 	streamID wire.ID
 	local    net.Addr
 	remote   net.Addr
@@ -94,22 +94,21 @@ type Conn struct {
 	wmu  sync.Mutex // serializes Write; guards werr
 	werr error
 
-	rdl, wdl *deadline
+	rdl, wdl *msgconn.Deadline
 
 	closed     chan struct{}
 	closeOnce  sync.Once
 	writeCtx   context.Context // ends on Close, so a blocked Write returns
 	cancelAll  context.CancelFunc
-	pause      pauseState
+	pause      msgconn.Pause
 	kaDone     chan struct{}
-	progress   atomic.Uint64 // messages moved either way, for the keepalive
 	pingEvery  time.Duration
 	pongWithin time.Duration
 }
 
 var _ net.Conn = (*Conn)(nil)
 
-func newConn(ws *websocket.Conn, sid wire.ID, local, remote net.Addr, cfg Config, log zerolog.Logger) *Conn {
+func newConn(ws msgconn.Conn, sid wire.ID, local, remote net.Addr, cfg Config, log zerolog.Logger) *Conn {
 	c := &Conn{
 		ws:         ws,
 		streamID:   sid,
@@ -118,8 +117,8 @@ func newConn(ws *websocket.Conn, sid wire.ID, local, remote net.Addr, cfg Config
 		log:        log.With().Str("stream_id", sid.String()).Logger(),
 		msgs:       make(chan []byte, readQueueMessages),
 		readerDone: make(chan struct{}),
-		rdl:        newDeadline(),
-		wdl:        newDeadline(),
+		rdl:        msgconn.NewDeadline(),
+		wdl:        msgconn.NewDeadline(),
 		closed:     make(chan struct{}),
 		kaDone:     make(chan struct{}),
 		pingEvery:  cfg.PingInterval,
@@ -149,41 +148,22 @@ type brokerAddr string
 func (a brokerAddr) Network() string { return "reach" }
 func (a brokerAddr) String() string  { return string(a) }
 
-// maxReaderRetries bounds how often in a row readLoop resumes after the
-// library gave up answering a ping (see readLoop).
-const maxReaderRetries = 16
-
 func (c *Conn) readLoop() {
 	defer close(c.readerDone)
 	defer close(c.msgs)
 	var brokerErr error // an `error` message announcing the close
-	retries := 0
 	// Each message is lent until the next one: only a copy of the bytes
 	// is queued for Read.
-	var rd wsmsg.Reader
-	defer rd.Release()
+	if w, ok := c.ws.(*msgconn.WebSocket); ok {
+		defer w.Release()
+	}
 	for {
-		typ, r, err := c.ws.Reader(context.Background())
-		if err != nil {
-			// The library answers a ping while reading and waits at most
-			// 5 s for the write lock; behind a data write blocked by the
-			// broker's backpressure that fails without harming the
-			// socket. Resume: if the socket is really gone, the next
-			// Reader says so.
-			if errors.Is(err, context.DeadlineExceeded) && retries < maxReaderRetries {
-				retries++
-				continue
-			}
-			c.readErr = c.readError(err, brokerErr)
-			return
-		}
-		retries = 0
-		data, err := rd.ReadAll(r) // bounded by SetReadLimit
+		typ, data, err := c.ws.Read(context.Background()) // bounded by SetReadLimit
 		if err != nil {
 			c.readErr = c.readError(err, brokerErr)
 			return
 		}
-		if typ == websocket.MessageText {
+		if typ == msgconn.Text {
 			m, err := wire.ParseBrokerMessage(data)
 			if em, ok := m.(wire.ErrorMsg); ok && err == nil {
 				brokerErr = &wire.Error{Code: em.Code, Detail: "the broker ended the stream"}
@@ -196,13 +176,12 @@ func (c *Conn) readLoop() {
 		if len(data) == 0 {
 			continue
 		}
-		c.progress.Add(1)
-		c.pause.enter()
+		c.pause.Enter()
 		select {
 		case c.msgs <- bytes.Clone(data):
-			c.pause.leave()
+			c.pause.Leave()
 		case <-c.closed:
-			c.pause.leave()
+			c.pause.Leave()
 			c.readErr = net.ErrClosed
 			return
 		}
@@ -221,7 +200,7 @@ func (c *Conn) readError(err, brokerErr error) error {
 		return net.ErrClosed
 	default:
 	}
-	if errors.Is(err, websocket.ErrMessageTooBig) {
+	if errors.Is(err, msgconn.ErrTooBig) {
 		return errors.New("reach: the broker sent a message above 1 MiB")
 	}
 	return closeError(err)
@@ -234,7 +213,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	select {
 	case <-c.closed:
 		return 0, net.ErrClosed
-	case <-c.rdl.wait():
+	case <-c.rdl.Wait():
 		return 0, os.ErrDeadlineExceeded
 	default:
 	}
@@ -250,7 +229,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 			c.cur = m
 		case <-c.closed:
 			return 0, net.ErrClosed
-		case <-c.rdl.wait():
+		case <-c.rdl.Wait():
 			return 0, os.ErrDeadlineExceeded
 		}
 	}
@@ -266,7 +245,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	select {
 	case <-c.closed:
 		return 0, net.ErrClosed
-	case <-c.wdl.wait():
+	case <-c.wdl.Wait():
 		return 0, os.ErrDeadlineExceeded
 	default:
 	}
@@ -274,11 +253,11 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return 0, c.werr
 	}
 	ctx := c.writeCtx
-	if c.wdl.isSet() {
+	if c.wdl.IsSet() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
-		fired := c.wdl.wait()
+		fired := c.wdl.Wait()
 		go func() {
 			select {
 			case <-fired:
@@ -287,16 +266,16 @@ func (c *Conn) Write(p []byte) (int, error) {
 			}
 		}()
 	}
-	c.pause.enter()
-	defer c.pause.leave()
+	c.pause.Enter()
+	defer c.pause.Leave()
 	n := 0
 	for len(p) > 0 {
 		chunk := p[:min(len(p), wire.MaxClientFrame)]
-		if err := c.ws.Write(ctx, websocket.MessageBinary, chunk); err != nil {
+		if err := c.ws.Write(ctx, msgconn.Binary, chunk); err != nil {
 			switch {
 			case isClosed(c.closed):
 				c.werr = net.ErrClosed
-			case isClosed(c.wdl.wait()):
+			case isClosed(c.wdl.Wait()):
 				c.werr = os.ErrDeadlineExceeded
 			case isClosed(c.readerDone) && c.readErr == io.EOF:
 				c.werr = fmt.Errorf("reach: the host ended the stream: %w", io.ErrClosedPipe)
@@ -307,7 +286,6 @@ func (c *Conn) Write(p []byte) (int, error) {
 			}
 			return n, c.werr
 		}
-		c.progress.Add(1)
 		n += len(chunk)
 		p = p[len(chunk):]
 	}
@@ -322,7 +300,7 @@ func (c *Conn) Close() error {
 		first = true
 		close(c.closed)
 		c.cancelAll() // a Write blocked on a stalled broker returns now
-		c.ws.Close(websocket.StatusNormalClosure, "")
+		c.ws.Close(wire.CloseNormal, "")
 		c.ws.CloseNow() // no-op unless the handshake failed half-way
 		<-c.readerDone
 		<-c.kaDone
@@ -334,13 +312,13 @@ func (c *Conn) Close() error {
 }
 
 func (c *Conn) SetDeadline(t time.Time) error {
-	c.rdl.set(t)
-	c.wdl.set(t)
+	c.rdl.Set(t)
+	c.wdl.Set(t)
 	return nil
 }
 
-func (c *Conn) SetReadDeadline(t time.Time) error  { c.rdl.set(t); return nil }
-func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.set(t); return nil }
+func (c *Conn) SetReadDeadline(t time.Time) error  { c.rdl.Set(t); return nil }
+func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.Set(t); return nil }
 
 // keepalive pings the broker and drops the socket when a ping went out but
 // no pong came back within the timeout. Like the broker, it forgives a
@@ -349,67 +327,17 @@ func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.set(t); return nil }
 // broker's backpressure also holds back our ping).
 func (c *Conn) keepalive() {
 	defer close(c.kaDone)
-	last := time.Now()
-	t := time.NewTimer(c.pingEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-c.closed:
-			return
-		case <-c.readerDone:
-			return
-		}
-		e0, p0 := c.pause.epoch.Load(), c.progress.Load()
-		if c.pause.n.Load() > 0 {
-			last = time.Now()
-			t.Reset(c.pingEvery)
-			continue
-		}
-		ctx, cancel := context.WithDeadline(c.writeCtx, last.Add(c.pongWithin))
-		err := c.pingUntil(ctx)
-		cancel()
-		switch {
-		case err == nil || c.pause.epoch.Load() != e0 || c.pause.n.Load() > 0 || c.progress.Load() != p0:
-			last = time.Now()
-		case isClosed(c.closed):
-			return
-		default:
+	msgconn.Keepalive{
+		Conn: c.ws, Interval: c.pingEvery, Timeout: c.pongWithin,
+		Pause: &c.pause, Stop: c.readerDone,
+		Dead: func() {
 			lost := fmt.Errorf("%w: no pong within %v", ErrConnectionLost, c.pongWithin)
 			c.lost.Store(&lost)
 			c.log.Warn().Dur("pong_timeout", c.pongWithin).Msg("broker stopped answering pings; dropping the stream")
 			c.ws.CloseNow()
-			return
-		}
-		t.Reset(c.pingEvery)
-	}
+		},
+	}.Run(c.writeCtx)
 }
-
-// pingUntil retries while the library's internal 5 s wait for the write
-// lock times out; only ctx decides when the pong is overdue.
-func (c *Conn) pingUntil(ctx context.Context) error {
-	for {
-		err := c.ws.Ping(ctx)
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-// pauseState records when this side deliberately does not read or is
-// inside a data write, so the keepalive does not blame the broker for it.
-type pauseState struct {
-	n     atomic.Int32
-	epoch atomic.Uint64
-}
-
-func (p *pauseState) enter() { p.n.Add(1); p.epoch.Add(1) }
-func (p *pauseState) leave() { p.n.Add(-1) }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
@@ -418,55 +346,4 @@ func isClosed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
-}
-
-// deadline is a settable, resettable deadline whose channel closes when it
-// passes (the net.Pipe technique).
-type deadline struct {
-	mu     sync.Mutex
-	timer  *time.Timer
-	cancel chan struct{}
-	armed  bool
-}
-
-func newDeadline() *deadline { return &deadline{cancel: make(chan struct{})} }
-
-func (d *deadline) set(t time.Time) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.timer != nil && !d.timer.Stop() {
-		<-d.cancel // the timer fired: wait until its callback closed cancel
-	}
-	d.timer = nil
-	closed := isClosed(d.cancel)
-	d.armed = !t.IsZero()
-	if t.IsZero() {
-		if closed {
-			d.cancel = make(chan struct{})
-		}
-		return
-	}
-	if dur := time.Until(t); dur > 0 {
-		if closed {
-			d.cancel = make(chan struct{})
-		}
-		ch := d.cancel
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
-		return
-	}
-	if !closed {
-		close(d.cancel)
-	}
-}
-
-func (d *deadline) wait() chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.cancel
-}
-
-func (d *deadline) isSet() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.armed
 }

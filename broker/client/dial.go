@@ -11,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/pinning"
 )
@@ -128,14 +129,15 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 		}
 		return nil, fmt.Errorf("reach: connect to broker %s: %w", u.Host, err)
 	}
+	conn := msgconn.FromWebSocket(ws, u.Host)
 	// Text messages are at most 4096 bytes, stream messages at most 1 MiB.
-	ws.SetReadLimit(wire.MaxClientFrame)
+	conn.SetReadLimit(wire.MaxClientFrame)
 
 	rctx, cancel := context.WithTimeout(ctx, cfg.RegisterTimeout)
 	defer cancel()
-	sid, err := register(rctx, ws, reg)
+	sid, err := register(rctx, conn, reg)
 	if err != nil {
-		ws.CloseNow()
+		conn.CloseNow()
 		var we *wire.Error
 		if errors.As(err, &we) {
 			log.Debug().Str("code", string(we.Code)).Msg("broker refused the client registration")
@@ -143,13 +145,13 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 		return nil, err
 	}
 	log.Debug().Str("stream_id", sid.String()).Msg("matched")
-	return newConn(ws, sid, local, remote, cfg, log), nil
+	return newConn(conn, sid, local, remote, cfg, log), nil
 }
 
 // register sends the register message and reads the broker's answer, which
 // must be `matched` or `error`.
-func register(ctx context.Context, ws *websocket.Conn, reg []byte) (wire.ID, error) {
-	if err := ws.Write(ctx, websocket.MessageText, reg); err != nil {
+func register(ctx context.Context, ws msgconn.Conn, reg []byte) (wire.ID, error) {
+	if err := ws.Write(ctx, msgconn.Text, reg); err != nil {
 		return wire.ID{}, fmt.Errorf("reach: send registration: %w", err)
 	}
 	typ, data, err := ws.Read(ctx)
@@ -157,12 +159,12 @@ func register(ctx context.Context, ws *websocket.Conn, reg []byte) (wire.ID, err
 		if ctx.Err() != nil {
 			return wire.ID{}, errors.New("reach: the broker did not answer the registration in time")
 		}
-		if st := websocket.CloseStatus(err); st != -1 {
+		if st := msgconn.CloseStatus(err); st != -1 {
 			return wire.ID{}, closeError(err)
 		}
 		return wire.ID{}, fmt.Errorf("reach: wait for the broker's answer: %w", err)
 	}
-	if typ != websocket.MessageText {
+	if typ != msgconn.Text {
 		return wire.ID{}, errors.New("reach: the broker sent stream bytes before `matched`")
 	}
 	m, err := wire.ParseBrokerMessage(data)

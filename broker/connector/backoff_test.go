@@ -7,6 +7,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 func backoffWith(r float64) *backoff {
@@ -103,17 +104,17 @@ func TestRunFollowsTheBackoff(t *testing.T) {
 func TestRunResetsBackoffOnlyAfterALongRegistration(t *testing.T) {
 	clock := &fakeClock{t: handoffNow}
 	var sl sleeps
-	fb := newFakeBroker(t, nil)
-	cfg := fb.config(t)
+	fb := testfake.NewBroker(t, nil)
+	cfg := fakeConfig(t, fb)
 	cfg.Now, cfg.Sleep, cfg.Rand = clock.now, sl.sleep, func() float64 { return 0 }
 	c := newConnector(t, cfg)
 	run(t, c)
 	held := []time.Duration{61 * time.Second, 30 * time.Second, 59 * time.Second, 60 * time.Second}
 	for i, d := range held {
-		h := fb.host()
+		h := fb.Host()
 		testenv.WaitFor(t, "registration", func() bool { return c.Status().State == StateConnected })
 		clock.advance(d)
-		h.close()
+		h.Close()
 		testenv.WaitFor(t, "the wait after the drop", func() bool { return len(sl.list()) == i+1 })
 	}
 	base := cfg.BackoffBase

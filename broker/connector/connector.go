@@ -43,6 +43,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -67,6 +68,9 @@ type Connector struct {
 	log    zerolog.Logger
 	ln     *listener
 	routes *routeCache
+	// dial opens the broker socket: a WebSocket to BrokerURL, or an
+	// in-memory pipe in tests.
+	dial func(ctx context.Context) (msgconn.Conn, *http.Response, error)
 
 	running   atomic.Bool
 	completed atomic.Int64
@@ -118,7 +122,20 @@ func New(cfg Config) (*Connector, error) {
 		state:  StateStopped,
 	}
 	c.client = newHTTPClient(cfg)
+	c.dial = c.dialWebSocket
 	return c, nil
+}
+
+// dialWebSocket opens the broker's WebSocket and adapts it.
+func (c *Connector) dialWebSocket(ctx context.Context) (msgconn.Conn, *http.Response, error) {
+	ws, resp, err := websocket.Dial(ctx, c.cfg.BrokerURL, &websocket.DialOptions{
+		HTTPClient:      c.client,
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return nil, resp, err
+	}
+	return msgconn.FromWebSocket(ws, "broker"), resp, nil
 }
 
 // errRedirect refuses every redirect of the upgrade request: one could lead
@@ -225,10 +242,7 @@ func (c *Connector) Run(ctx context.Context) error {
 // attempt is one connection: dial, register, serve until it ends.
 func (c *Connector) attempt(ctx context.Context) outcome {
 	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
-	ws, resp, err := websocket.Dial(dctx, c.cfg.BrokerURL, &websocket.DialOptions{
-		HTTPClient:      c.client,
-		CompressionMode: websocket.CompressionDisabled,
-	})
+	ws, resp, err := c.dial(dctx)
 	timedOut := errors.Is(dctx.Err(), context.DeadlineExceeded)
 	cancel()
 	if err != nil {
@@ -236,6 +250,9 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 			return outcome{code: codeStopped}
 		}
 		return dialOutcome(err, resp, timedOut)
+	}
+	if w, ok := ws.(*msgconn.WebSocket); ok {
+		defer w.Release() // the session's reader is done with it
 	}
 	ws.SetReadLimit(wire.MaxHostFrameIn)
 
@@ -249,7 +266,7 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 		return outcome{code: codeProtocol, detail: "cannot encode the registration"}
 	}
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.WriteTimeout)
-	err = ws.Write(wctx, websocket.MessageText, msg)
+	err = ws.Write(wctx, msgconn.Text, msg)
 	cancel()
 	if err != nil {
 		ws.CloseNow()
@@ -273,7 +290,7 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 		return outcome{code: codeClosed, detail: "the broker closed the socket during registration"}
 	}
 	var m wire.Message
-	if typ == websocket.MessageText {
+	if typ == msgconn.Text {
 		m, err = wire.ParseBrokerMessage(data)
 	}
 	switch m := m.(type) {
@@ -287,7 +304,7 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 		}
 		return outcome{code: string(m.Code), detail: detail}
 	default:
-		ws.Close(websocket.StatusPolicyViolation, "protocol violation")
+		ws.Close(wire.ClosePolicy, "protocol violation")
 		return outcome{code: codeProtocol, detail: "the broker did not answer register with registered"}
 	}
 

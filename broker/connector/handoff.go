@@ -10,24 +10,26 @@ import (
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
-	"github.com/hermes-securelink/securelink/relay"
 )
 
-// Handoff returns the route-credential hook for the /relay/ws bridge
-// (relay.Options.Handoff). The bridge calls it only for connections that
-// arrived through a broker stream, only for their first auth.ok, and bounds
-// it with its own deadline; the hook adds payload.route_credential (spec
-// "Route credential handoff") or returns nil to leave the message unchanged.
-func (c *Connector) Handoff() relay.Handoff { return handoff{c} }
+// Handoff is the route-credential hook for the /relay/ws bridge: it
+// satisfies relay.Handoff (relay.Options.Handoff) without this package
+// importing relay, so the dependency points from the front down to Reach.
+// The bridge calls it only for connections that arrived through a broker
+// stream, only for their first auth.ok, and bounds it with its own
+// deadline; the hook adds payload.route_credential (spec "Route credential
+// handoff") or returns nil to leave the message unchanged.
+type Handoff struct{ c *Connector }
 
-type handoff struct{ c *Connector }
+// Handoff returns the connector's route-credential hook.
+func (c *Connector) Handoff() *Handoff { return &Handoff{c} }
 
 // AuthOK publishes (digest only) a route token for the Relay session and
 // returns the auth.ok with the credential added. Any failure — not an
 // auth.ok we can read, a credential already present, an expired session,
 // no registration, a publish error or timeout — returns nil: the client still
 // authenticates, it just gets no route credential.
-func (h handoff) AuthOK(ctx context.Context, clientAuth, authOK []byte) []byte {
+func (h *Handoff) AuthOK(ctx context.Context, clientAuth, authOK []byte) []byte {
 	c := h.c
 	now := c.cfg.Now()
 	info, err := parseAuthOK(authOK, now)

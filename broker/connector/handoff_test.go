@@ -217,7 +217,7 @@ func TestHandoffPublishesThenReusesAndRenews(t *testing.T) {
 	}
 	expectPublish := func(session, device string, exp int64) wire.PublishRoute {
 		t.Helper()
-		m, _ := h.read()
+		m, _ := h.Read()
 		pr, ok := m.(wire.PublishRoute)
 		if !ok {
 			t.Fatalf("got %#v, want publish_route", m)
@@ -231,7 +231,7 @@ func TestHandoffPublishesThenReusesAndRenews(t *testing.T) {
 	// First auth.ok: published (digest only), then released with the token.
 	ch := call(auth, "sess-A")
 	pr := expectPublish("sess-A", "dev-7", plus30d)
-	h.sendText(wire.Published{CredentialKind: wire.KindRoute, Label: pr.CredentialID})
+	h.SendText(wire.Published{CredentialKind: wire.KindRoute, Label: pr.CredentialID})
 	out := (<-ch).out
 	tok, credID, exp := routeOf(t, out)
 	if wire.TokenDigest(tok) != pr.TokenSHA256 || credID != pr.CredentialID || exp != plus30d {
@@ -259,7 +259,7 @@ func TestHandoffPublishesThenReusesAndRenews(t *testing.T) {
 	case <-time.After(step):
 		t.Fatal("a pending publish for one session blocked another session's auth.ok")
 	}
-	h.sendText(wire.Published{CredentialKind: wire.KindRoute, Label: prB.CredentialID})
+	h.SendText(wire.Published{CredentialKind: wire.KindRoute, Label: prB.CredentialID})
 	<-ch
 
 	// Less than 7 days left: renewed under the same credential_id.
@@ -269,7 +269,7 @@ func TestHandoffPublishesThenReusesAndRenews(t *testing.T) {
 	if pr3.TokenSHA256 == pr.TokenSHA256 {
 		t.Fatal("renewal reused the old token")
 	}
-	h.sendText(wire.Published{CredentialKind: wire.KindRoute, Label: pr3.CredentialID})
+	h.SendText(wire.Published{CredentialKind: wire.KindRoute, Label: pr3.CredentialID})
 	if tok3, _, _ := routeOf(t, (<-ch).out); tok3 == tok {
 		t.Fatal("renewal handed out the old token")
 	}
@@ -277,13 +277,13 @@ func TestHandoffPublishesThenReusesAndRenews(t *testing.T) {
 	// A broker error: the auth.ok goes out unchanged, and nothing is cached.
 	ch = call(auth, "sess-C")
 	expectPublish("sess-C", "dev-7", clock.now().Unix()+30*86400)
-	h.sendText(wire.ErrorMsg{Code: wire.CodeQuotaExceeded})
+	h.SendText(wire.ErrorMsg{Code: wire.CodeQuotaExceeded})
 	if r := <-ch; r.out != nil {
 		t.Fatalf("publish failed but the auth.ok changed: %s", r.out)
 	}
 	ch = call(auth, "sess-C")
 	prC := expectPublish("sess-C", "dev-7", clock.now().Unix()+30*86400)
-	h.sendText(wire.Published{CredentialKind: wire.KindRoute, Label: prC.CredentialID})
+	h.SendText(wire.Published{CredentialKind: wire.KindRoute, Label: prC.CredentialID})
 	if r := <-ch; r.out == nil {
 		t.Fatal("retry after a failed publish got no credential")
 	}
@@ -298,7 +298,7 @@ func TestHandoffTimesOutUnchanged(t *testing.T) {
 	if out != nil {
 		t.Fatalf("a publish without reply still changed the auth.ok: %s", out)
 	}
-	if m, _ := h.read(); m.Type() != wire.TypePublishRoute {
+	if m, _ := h.Read(); m.Type() != wire.TypePublishRoute {
 		t.Fatalf("got %#v", m)
 	}
 	// The bridge's own deadline is honoured as well.

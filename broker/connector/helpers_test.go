@@ -10,6 +10,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // step bounds every single wait of a test, so a broken connector fails the
@@ -103,4 +104,43 @@ func mustID(t *testing.T, s string) wire.ID {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// fakeConfig is a connector configuration for the fake broker fb.
+func fakeConfig(t *testing.T, fb *testfake.Broker) Config {
+	log, _ := testenv.NewLog(t)
+	return Config{
+		BrokerURL: fb.URL(), HostID: wire.NewID().String(), Token: wire.NewToken(),
+		RootCAs: fb.Pool, Log: log,
+		BackoffBase: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	}
+}
+
+// accept returns the next stream the connector hands to the front.
+func accept(t *testing.T, c *Connector) *stream {
+	t.Helper()
+	type res struct {
+		st  *stream
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		conn, err := c.Listener().Accept()
+		if err != nil {
+			ch <- res{err: err}
+			return
+		}
+		ch <- res{st: conn.(*stream)}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("accept: %v", r.err)
+		}
+		t.Cleanup(func() { r.st.Close() })
+		return r.st
+	case <-time.After(step):
+		t.Fatal("no stream was accepted")
+		return nil
+	}
 }

@@ -37,6 +37,10 @@ import (
 	"github.com/hermes-securelink/securelink/relay"
 )
 
+// The connector's hook satisfies the bridge's interface without the
+// connector importing relay.
+var _ relay.Handoff = (*Handoff)(nil)
+
 // ---------------------------------------------------------------------------
 // Real broker
 

@@ -15,20 +15,21 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // startFake runs a connector against a fake broker and returns the
 // registered fake host end.
-func startFake(t *testing.T, mutate func(*Config)) (*fakeBroker, *Connector, *fakeHost) {
+func startFake(t *testing.T, mutate func(*Config)) (*testfake.Broker, *Connector, *testfake.Host) {
 	t.Helper()
-	fb := newFakeBroker(t, nil)
-	cfg := fb.config(t)
+	fb := testfake.NewBroker(t, nil)
+	cfg := fakeConfig(t, fb)
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	c := newConnector(t, cfg)
 	run(t, c)
-	h := fb.host()
+	h := fb.Host()
 	waitConnected(t, c)
 	return fb, c, h
 }
@@ -41,18 +42,18 @@ func echo(st *stream) {
 }
 
 func TestRegisterCarriesFreshConnectionIDs(t *testing.T) {
-	fb := newFakeBroker(t, nil)
-	cfg := fb.config(t)
+	fb := testfake.NewBroker(t, nil)
+	cfg := fakeConfig(t, fb)
 	c := newConnector(t, cfg)
 	run(t, c)
-	h1 := fb.host()
-	if h1.reg.Role != wire.RoleHost || h1.reg.CredentialKind != wire.KindHost ||
-		h1.reg.HostID.String() != cfg.HostID || h1.reg.Token != cfg.Token {
-		t.Fatalf("register = %+v", h1.reg)
+	h1 := fb.Host()
+	if h1.Reg.Role != wire.RoleHost || h1.Reg.CredentialKind != wire.KindHost ||
+		h1.Reg.HostID.String() != cfg.HostID || h1.Reg.Token != cfg.Token {
+		t.Fatalf("register = %+v", h1.Reg)
 	}
-	h1.close() // drop the socket: the connector registers again
-	h2 := fb.host()
-	if h2.reg.ConnectionID == h1.reg.ConnectionID {
+	h1.Close() // drop the socket: the connector registers again
+	h2 := fb.Host()
+	if h2.Reg.ConnectionID == h1.Reg.ConnectionID {
 		t.Fatal("a connection_id was reused")
 	}
 	testenv.WaitFor(t, "two attempts", func() bool { return c.Status().Attempts == 2 })
@@ -61,12 +62,12 @@ func TestRegisterCarriesFreshConnectionIDs(t *testing.T) {
 func TestOpenForAnotherRegistrationIsClosedAtOnce(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	other := wire.NewID()
-	h.sendText(wire.Open{StreamID: other, HostConnectionID: wire.NewID()})
-	if f := h.frame(); f.Flags != wire.FlagClose || f.StreamID != other {
+	h.SendText(wire.Open{StreamID: other, HostConnectionID: wire.NewID()})
+	if f := h.Frame(); f.Flags != wire.FlagClose || f.StreamID != other {
 		t.Fatalf("got %#v, want CLOSE for the foreign open", f)
 	}
 	good := wire.NewID()
-	h.open(good)
+	h.Open(good)
 	if st := accept(t, c); st.id != good {
 		t.Fatal("the foreign open reached the front")
 	}
@@ -78,12 +79,12 @@ func TestOpenForAnotherRegistrationIsClosedAtOnce(t *testing.T) {
 func TestDuplicateOpenIsIgnored(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	id := wire.NewID()
-	h.open(id)
-	h.open(id)
+	h.Open(id)
+	h.Open(id)
 	st := accept(t, c)
 	echo(st)
-	h.data(id, []byte("ping"))
-	f := h.frame()
+	h.Data(id, []byte("ping"))
+	f := h.Frame()
 	if f.Flags != wire.FlagData || f.StreamID != id || string(f.Payload) != "ping" {
 		t.Fatalf("first frame after a duplicate open: %#v", f)
 	}
@@ -98,18 +99,18 @@ func TestDuplicateOpenIsIgnored(t *testing.T) {
 func TestDataForUnknownStreamGetsOneClose(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	unknown, unknownClose := wire.NewID(), wire.NewID()
-	h.data(unknown, []byte("a"))
-	h.data(unknown, []byte("b"))
-	h.closeStream(unknownClose)
+	h.Data(unknown, []byte("a"))
+	h.Data(unknown, []byte("b"))
+	h.CloseStream(unknownClose)
 	// The registration goes on: a new stream works.
 	id := wire.NewID()
-	h.open(id)
+	h.Open(id)
 	st := accept(t, c)
 	echo(st)
-	h.data(id, []byte("still here"))
+	h.Data(id, []byte("still here"))
 	closes := map[wire.ID]int{}
 	for {
-		f := h.frame()
+		f := h.Frame()
 		if f.Flags == wire.FlagClose {
 			closes[f.StreamID]++
 			continue
@@ -130,10 +131,10 @@ func TestDataForUnknownStreamGetsOneClose(t *testing.T) {
 func TestBrokerCloseDeliversDataThenEOFAndIsNotAnswered(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	id := wire.NewID()
-	h.open(id)
-	h.data(id, []byte("hello "))
-	h.data(id, []byte("world"))
-	h.closeStream(id)
+	h.Open(id)
+	h.Data(id, []byte("hello "))
+	h.Data(id, []byte("world"))
+	h.CloseStream(id)
 	st := accept(t, c)
 	got, err := io.ReadAll(st)
 	if err != nil || string(got) != "hello world" {
@@ -147,11 +148,11 @@ func TestBrokerCloseDeliversDataThenEOFAndIsNotAnswered(t *testing.T) {
 	// Nothing was sent for the closed stream: the next frame belongs to a
 	// new stream.
 	id2 := wire.NewID()
-	h.open(id2)
+	h.Open(id2)
 	st2 := accept(t, c)
 	echo(st2)
-	h.data(id2, []byte("x"))
-	if f := h.frame(); f.StreamID != id2 || f.Flags != wire.FlagData {
+	h.Data(id2, []byte("x"))
+	if f := h.Frame(); f.StreamID != id2 || f.Flags != wire.FlagData {
 		t.Fatalf("a CLOSE was answered with %#v", f)
 	}
 }
@@ -159,7 +160,7 @@ func TestBrokerCloseDeliversDataThenEOFAndIsNotAnswered(t *testing.T) {
 func TestFrontCloseFlushesThenSendsClose(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	id := wire.NewID()
-	h.open(id)
+	h.Open(id)
 	st := accept(t, c)
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 20000) // 320,000 bytes
 	if _, err := st.Write(payload); err != nil {
@@ -168,7 +169,7 @@ func TestFrontCloseFlushesThenSendsClose(t *testing.T) {
 	st.Close()
 	var got []byte
 	for {
-		f := h.frame()
+		f := h.Frame()
 		if f.StreamID != id {
 			t.Fatalf("frame for %v", f.StreamID)
 		}
@@ -181,12 +182,12 @@ func TestFrontCloseFlushesThenSendsClose(t *testing.T) {
 		t.Fatalf("broker got %d bytes, want %d", len(got), len(payload))
 	}
 	// DATA that crosses our CLOSE is dropped without another CLOSE.
-	h.data(id, []byte("crossing"))
+	h.Data(id, []byte("crossing"))
 	id2 := wire.NewID()
-	h.open(id2)
+	h.Open(id2)
 	echo(accept(t, c))
-	h.data(id2, []byte("y"))
-	if f := h.frame(); f.StreamID != id2 {
+	h.Data(id2, []byte("y"))
+	if f := h.Frame(); f.StreamID != id2 {
 		t.Fatalf("DATA crossing our CLOSE was answered with %#v", f)
 	}
 }
@@ -194,10 +195,10 @@ func TestFrontCloseFlushesThenSendsClose(t *testing.T) {
 func TestOpenBeyondMaxStreamsIsClosed(t *testing.T) {
 	_, c, h := startFake(t, func(cfg *Config) { cfg.MaxStreams = 2 })
 	a, b, extra := wire.NewID(), wire.NewID(), wire.NewID()
-	h.open(a)
-	h.open(b)
-	h.open(extra)
-	if f := h.frame(); f.Flags != wire.FlagClose || f.StreamID != extra {
+	h.Open(a)
+	h.Open(b)
+	h.Open(extra)
+	if f := h.Frame(); f.Flags != wire.FlagClose || f.StreamID != extra {
 		t.Fatalf("got %#v, want CLOSE for the third stream", f)
 	}
 	accept(t, c)
@@ -214,8 +215,8 @@ func TestOpenWithoutFrontIsClosed(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	c.Listener().Close()
 	id := wire.NewID()
-	h.open(id)
-	if f := h.frame(); f.Flags != wire.FlagClose || f.StreamID != id {
+	h.Open(id)
+	if f := h.Frame(); f.Flags != wire.FlagClose || f.StreamID != id {
 		t.Fatalf("got %#v, want CLOSE (local failure)", f)
 	}
 	if _, err := c.Listener().Accept(); !errors.Is(err, net.ErrClosed) {
@@ -226,9 +227,9 @@ func TestOpenWithoutFrontIsClosed(t *testing.T) {
 func TestBrokerBoundFramesAreChunked(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	bulk, small := wire.NewID(), wire.NewID()
-	h.open(bulk)
+	h.Open(bulk)
 	stBulk := accept(t, c)
-	h.open(small)
+	h.Open(small)
 	stSmall := accept(t, c)
 	bulkData := make([]byte, 1<<20)
 	for i := range bulkData {
@@ -239,7 +240,7 @@ func TestBrokerBoundFramesAreChunked(t *testing.T) {
 	var gotBulk []byte
 	var gotSmall []byte
 	for len(gotBulk) < len(bulkData) || len(gotSmall) < len("small message") {
-		f := h.frame() // fails on a frame above 64 KiB + 18
+		f := h.Frame() // fails on a frame above 64 KiB + 18
 		switch f.StreamID {
 		case bulk:
 			gotBulk = append(gotBulk, f.Payload...)
@@ -255,8 +256,8 @@ func TestBrokerBoundFramesAreChunked(t *testing.T) {
 }
 
 func TestSchedulerAlternatesStreams(t *testing.T) {
-	fb := newFakeBroker(t, nil)
-	c := newConnector(t, fb.config(t))
+	fb := testfake.NewBroker(t, nil)
+	c := newConnector(t, fakeConfig(t, fb))
 	s := newSession(c, nil, wire.NewID())
 	a, b := newStream(s, wire.NewID()), newStream(s, wire.NewID())
 	s.streams[a.id], s.streams[b.id] = a, b
@@ -302,22 +303,22 @@ func TestSlowConsumerLosesOnlyItsStream(t *testing.T) {
 		cfg.SlowConsumerTimeout = 300 * time.Millisecond
 	})
 	stuck, other := wire.NewID(), wire.NewID()
-	h.open(stuck)
+	h.Open(stuck)
 	stStuck := accept(t, c)
-	h.open(other)
+	h.Open(other)
 	stOther := accept(t, c)
 	chunk := bytes.Repeat([]byte{1}, 64<<10)
 	for i := 0; i < 20; i++ { // 1.25 MiB > the 1 MiB buffer; nobody reads
-		h.data(stuck, chunk)
+		h.Data(stuck, chunk)
 	}
-	h.data(other, []byte("for the other stream"))
+	h.Data(other, []byte("for the other stream"))
 	buf := make([]byte, 64)
 	stOther.SetReadDeadline(time.Now().Add(step))
 	n, err := stOther.Read(buf)
 	if err != nil || string(buf[:n]) != "for the other stream" {
 		t.Fatalf("other stream read %q, %v", buf[:n], err)
 	}
-	if f := h.frame(); f.Flags != wire.FlagClose || f.StreamID != stuck {
+	if f := h.Frame(); f.Flags != wire.FlagClose || f.StreamID != stuck {
 		t.Fatalf("got %#v, want CLOSE for the stuck stream", f)
 	}
 	if _, err := stStuck.Read(buf); !errors.Is(err, errStreamReset) {
@@ -337,7 +338,7 @@ func TestSlowButMovingReaderIsNeverCut(t *testing.T) {
 		cfg.SlowConsumerTimeout = 300 * time.Millisecond
 	})
 	id := wire.NewID()
-	h.open(id)
+	h.Open(id)
 	st := accept(t, c)
 	const total = 2 << 20
 	got := make(chan int, 1)
@@ -356,7 +357,7 @@ func TestSlowButMovingReaderIsNeverCut(t *testing.T) {
 	}()
 	chunk := bytes.Repeat([]byte{2}, 64<<10)
 	for i := 0; i < total/len(chunk); i++ {
-		h.data(id, chunk)
+		h.Data(id, chunk)
 	}
 	select {
 	case n := <-got:
@@ -377,7 +378,7 @@ func TestSlowButMovingReaderIsNeverCut(t *testing.T) {
 func TestStreamDeadlines(t *testing.T) {
 	_, c, h := startFake(t, nil)
 	id := wire.NewID()
-	h.open(id)
+	h.Open(id)
 	st := accept(t, c)
 	st.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	if _, err := st.Read(make([]byte, 1)); !isTimeout(err) {
@@ -399,7 +400,7 @@ func TestStreamDeadlines(t *testing.T) {
 		t.Fatal("a past deadline did not unblock Read")
 	}
 	st.SetReadDeadline(time.Time{})
-	h.data(id, []byte("ok"))
+	h.Data(id, []byte("ok"))
 	buf := make([]byte, 2)
 	if _, err := io.ReadFull(st, buf); err != nil || string(buf) != "ok" {
 		t.Fatalf("read after clearing the deadline: %q %v", buf, err)
@@ -436,8 +437,8 @@ func TestPingsAndPongTimeout(t *testing.T) {
 			cfg.PingInterval = 30 * time.Millisecond
 			cfg.PongTimeout = 2 * time.Second
 		})
-		go h.readErr() // reading answers pings
-		testenv.WaitFor(t, "three pings", func() bool { return fb.pings.Load() >= 3 })
+		go h.ReadErr() // reading answers pings
+		testenv.WaitFor(t, "three pings", func() bool { return fb.Pings.Load() >= 3 })
 		if a := c.Status().Attempts; a != 1 {
 			t.Fatalf("attempts = %d", a)
 		}
@@ -468,7 +469,7 @@ func TestWriteDeadlineEndsRegistration(t *testing.T) {
 		cfg.Sleep = sl.sleep
 	})
 	id := wire.NewID()
-	h.open(id)
+	h.Open(id)
 	st := accept(t, c)
 	// The fake broker reads nothing more, so TCP fills up and a write stalls.
 	go func() {
@@ -486,10 +487,10 @@ func TestWriteDeadlineEndsRegistration(t *testing.T) {
 }
 
 func TestRegisterTimeout(t *testing.T) {
-	fb := newFakeBroker(t, func(fb *fakeBroker) { fb.answer = func() []byte { return nil } })
+	fb := testfake.NewBroker(t, func(fb *testfake.Broker) { fb.Answer = func() []byte { return nil } })
 	var sl sleeps
 	sl.setBlock(true)
-	cfg := fb.config(t)
+	cfg := fakeConfig(t, fb)
 	cfg.RegisterTimeout = 100 * time.Millisecond
 	cfg.Sleep = sl.sleep
 	c := newConnector(t, cfg)
@@ -501,14 +502,14 @@ func TestRegisterTimeout(t *testing.T) {
 }
 
 func TestRedirectIsRefused(t *testing.T) {
-	fb := newFakeBroker(t, func(fb *fakeBroker) {
-		fb.handler = func(w http.ResponseWriter, r *http.Request) {
+	fb := testfake.NewBroker(t, func(fb *testfake.Broker) {
+		fb.Handler = func(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, "ws://127.0.0.1:1/v1/connect", http.StatusFound)
 		}
 	})
 	var sl sleeps
 	sl.setBlock(true)
-	cfg := fb.config(t)
+	cfg := fakeConfig(t, fb)
 	cfg.Sleep = sl.sleep
 	c := newConnector(t, cfg)
 	run(t, c)
@@ -525,18 +526,18 @@ func TestRepliesAreCheckedAgainstTheirRequest(t *testing.T) {
 		_, err := c.PublishBootstrap(context.Background(), time.Minute)
 		errc <- err
 	}()
-	m, _ := h.read()
+	m, _ := h.Read()
 	pb, ok := m.(wire.PublishBootstrap)
 	if !ok {
 		t.Fatalf("got %#v", m)
 	}
 	// Answer for another pairing: the connector must not accept it as this
 	// publisher's reply.
-	h.sendText(wire.Published{CredentialKind: wire.KindBootstrap, Label: pb.PairingID + "x"})
+	h.SendText(wire.Published{CredentialKind: wire.KindBootstrap, Label: pb.PairingID + "x"})
 	if err := <-errc; err == nil {
 		t.Fatal("a mismatched reply was accepted")
 	}
-	if e := h.readErr(); websocket.CloseStatus(e) != websocket.StatusPolicyViolation {
+	if e := h.ReadErr(); websocket.CloseStatus(e) != websocket.StatusPolicyViolation {
 		t.Fatalf("socket ended with %v, want 1008", e)
 	}
 	testenv.WaitFor(t, "a new registration", func() bool { return c.Status().Attempts >= 2 })
@@ -550,11 +551,11 @@ func TestErrorReplyReachesOnlyItsCaller(t *testing.T) {
 	}
 	first, second := make(chan res, 1), make(chan res, 1)
 	go func() { b, err := c.PublishBootstrap(context.Background(), time.Minute); first <- res{b, err} }()
-	m1, _ := h.read()
+	m1, _ := h.Read()
 	go func() { b, err := c.PublishBootstrap(context.Background(), time.Minute); second <- res{b, err} }()
-	m2, _ := h.read()
-	h.sendText(wire.ErrorMsg{Code: wire.CodeQuotaExceeded})
-	h.sendText(wire.Published{CredentialKind: wire.KindBootstrap, Label: m2.(wire.PublishBootstrap).PairingID})
+	m2, _ := h.Read()
+	h.SendText(wire.ErrorMsg{Code: wire.CodeQuotaExceeded})
+	h.SendText(wire.Published{CredentialKind: wire.KindBootstrap, Label: m2.(wire.PublishBootstrap).PairingID})
 	r1, r2 := <-first, <-second
 	if !errors.Is(r1.err, wire.ErrQuotaExceeded) {
 		t.Fatalf("first caller: %v", r1.err)

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/broker/internal/wsmsg"
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -32,7 +30,7 @@ const maxOrphanCloses = 1024
 // pings. Nothing writes to the network while holding mu.
 type session struct {
 	c            *Connector
-	ws           *websocket.Conn
+	ws           msgconn.Conn
 	connID       wire.ID
 	log          zerolog.Logger
 	registeredAt time.Time
@@ -41,7 +39,7 @@ type session struct {
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity 1: the writer has work or must end
 	done   chan struct{} // closed once the end is decided
-	pause  pauseState
+	pause  msgconn.Pause
 
 	closers sync.WaitGroup // close handshakes started by fail
 
@@ -52,8 +50,7 @@ type session struct {
 	ctrl        [][]byte
 	pending     []*pendingReply
 	orphans     [][]byte
-	rr          []*stream
-	rrNext      int
+	rr          msgconn.RoundRobin[*stream]
 	lastErrCode wire.Code // an error message that answered no control frame
 }
 
@@ -82,7 +79,7 @@ func (p *pendingReply) matches(m wire.Message) bool {
 // errProtocolReply is given to a caller whose reply did not match its request.
 var errProtocolReply = errors.New("reach: the broker answered out of order")
 
-func newSession(c *Connector, ws *websocket.Conn, connID wire.ID) *session {
+func newSession(c *Connector, ws msgconn.Conn, connID wire.ID) *session {
 	s := &session{
 		c: c, ws: ws, connID: connID,
 		log:     c.log,
@@ -105,7 +102,7 @@ func (s *session) run(ctx context.Context) outcome {
 	stopped := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(stopped)
-		s.fail(codeStopped, "", websocket.StatusGoingAway, "host shutting down")
+		s.fail(codeStopped, "", wire.CloseGoingAway, "host shutting down")
 	})
 	s.readLoop()
 	if !stop() {
@@ -123,7 +120,7 @@ func (s *session) run(ctx context.Context) outcome {
 
 // fail decides how the registration ends (the first decision wins) and
 // closes the socket: with a close frame when status is set, else at once.
-func (s *session) fail(code, detail string, status websocket.StatusCode, reason string) {
+func (s *session) fail(code, detail string, status int, reason string) {
 	s.mu.Lock()
 	if s.end != nil {
 		s.mu.Unlock()
@@ -151,12 +148,10 @@ func (s *session) fail(code, detail string, status websocket.StatusCode, reason 
 func (s *session) readLoop() {
 	// Each message is lent until the next read: control messages are
 	// decoded into new values and DATA is copied into the stream's buffer.
-	var rd wsmsg.Reader
-	defer rd.Release()
 	for {
 		// The socket's lifetime, not a context, ends this read: cancelling
 		// a read's context would cut a close handshake in progress.
-		typ, data, err := rd.Read(context.Background(), s.ws)
+		typ, data, err := s.ws.Read(context.Background())
 		if err != nil {
 			s.readFailed(err)
 			return
@@ -165,7 +160,7 @@ func (s *session) readLoop() {
 			continue // drain until the close handshake finishes
 		}
 		var ok bool
-		if typ == websocket.MessageText {
+		if typ == msgconn.Text {
 			ok = s.control(data)
 		} else {
 			ok = s.frame(data)
@@ -185,7 +180,7 @@ func (s *session) readFailed(err error) {
 	last := s.lastErrCode
 	s.mu.Unlock()
 	code, detail := codeClosed, "the broker socket ended"
-	var ce websocket.CloseError
+	var ce *msgconn.CloseError
 	switch {
 	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonReplaced:
 		code, detail = codeReplaced, detailReplaced
@@ -193,10 +188,10 @@ func (s *session) readFailed(err error) {
 		code, detail = string(wire.CodeRevoked), detailAuthFailure
 	case last != "":
 		code, detail = string(last), last.Description()
-	case errors.As(err, &ce) && ce.Code == websocket.StatusGoingAway:
+	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway:
 		code, detail = codeGoingAway, "the broker is going away"
 	case errors.As(err, &ce):
-		detail = fmt.Sprintf("the broker closed the socket with %d", int(ce.Code))
+		detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
 	}
 	s.fail(code, detail, 0, "")
 }
@@ -204,7 +199,7 @@ func (s *session) readFailed(err error) {
 func (s *session) protocolError(detail string) bool {
 	s.c.count("protocol_error")
 	s.log.Warn().Str("why", detail).Msg("reach: the broker broke the protocol; reconnecting")
-	s.fail(codeProtocol, detail, websocket.StatusPolicyViolation, "protocol violation")
+	s.fail(codeProtocol, detail, wire.ClosePolicy, "protocol violation")
 	return false
 }
 
@@ -362,8 +357,8 @@ func (s *session) deliver(st *stream, payload []byte) {
 		if waitStart.IsZero() {
 			waitStart = now
 			s.c.count("paused")
-			s.pause.enter()
-			defer s.pause.leave()
+			s.pause.Enter()
+			defer s.pause.Leave()
 		}
 		last := waitStart
 		if p := time.Unix(0, st.progress.Load()); p.After(last) {
@@ -446,7 +441,7 @@ func (s *session) finishAll() {
 	}
 	pending := s.pending
 	s.pending = nil
-	s.rr = nil
+	s.rr.Clear()
 	s.mu.Unlock()
 	for _, st := range sts {
 		st.endInbound(io.EOF)
@@ -457,10 +452,7 @@ func (s *session) finishAll() {
 }
 
 func (s *session) scheduleLocked(st *stream) {
-	if !st.inRR {
-		st.inRR = true
-		s.rr = append(s.rr, st)
-	}
+	s.rr.Add(st)
 }
 
 // ---------------------------------------------------------------------------
@@ -503,7 +495,7 @@ func (s *session) writeLoop() {
 // one chunk of at most 64 KiB per stream per turn, so a bulk stream cannot
 // starve another stream's small messages. ok is false once the
 // registration ended; data is nil when there is nothing to write.
-func (s *session) next() (typ websocket.MessageType, data []byte, ok bool) {
+func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.end != nil {
@@ -513,53 +505,39 @@ func (s *session) next() (typ websocket.MessageType, data []byte, ok bool) {
 		data = s.ctrl[0]
 		s.ctrl[0] = nil
 		s.ctrl = s.ctrl[1:]
-		return websocket.MessageText, data, true
+		return msgconn.Text, data, true
 	}
 	if len(s.orphans) > 0 {
 		data = s.orphans[0]
 		s.orphans[0] = nil
 		s.orphans = s.orphans[1:]
-		return websocket.MessageBinary, data, true
+		return msgconn.Binary, data, true
 	}
-	for len(s.rr) > 0 {
-		i := s.rrNext % len(s.rr)
-		st := s.rr[i]
+	for s.rr.Len() > 0 {
+		st := s.rr.Current()
 		switch {
 		case st.finished:
-			s.removeRR(i)
+			s.rr.Remove()
 		case st.out.Len() > 0:
 			k := min(wire.MaxConnectorChunk, st.out.Len())
 			frame := make([]byte, 0, wire.HeaderLen+k)
 			frame, _ = wire.AppendFrame(frame, wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: st.out.Next(k)})
 			signal(st.outSpace)
 			if st.out.Len() == 0 && !st.closePending {
-				s.removeRR(i)
+				s.rr.Remove()
 			} else {
-				s.rrNext = i + 1
+				s.rr.Advance()
 			}
-			return websocket.MessageBinary, frame, true
+			return msgconn.Binary, frame, true
 		case st.closePending:
-			s.removeRR(i)
+			s.rr.Remove()
 			s.finishLocked(st)
-			return websocket.MessageBinary, wire.AppendClose(nil, st.id), true
+			return msgconn.Binary, wire.AppendClose(nil, st.id), true
 		default:
-			s.removeRR(i)
+			s.rr.Remove()
 		}
 	}
 	return 0, nil, true
-}
-
-func (s *session) removeRR(i int) {
-	s.rr[i].inRR = false
-	copy(s.rr[i:], s.rr[i+1:])
-	s.rr[len(s.rr)-1] = nil
-	s.rr = s.rr[:len(s.rr)-1]
-	s.rrNext = i
-	if i == len(s.rr) {
-		// Wrap now: a stream scheduled next is appended here and must wait
-		// for the streams already waiting.
-		s.rrNext = 0
-	}
 }
 
 // send queues a control message and returns the channel its reply arrives
@@ -584,51 +562,20 @@ var errTooManyPending = errors.New("reach: too many control messages await a rep
 // ---------------------------------------------------------------------------
 // Keepalive
 
-// pauseState records when the reader deliberately stops reading (a full
-// stream buffer). Pongs are only seen while it reads, so a ping that fails
-// during or across a pause is forgiven instead of dropping a live broker for
-// our own backpressure.
-type pauseState struct {
-	n     atomic.Int32
-	epoch atomic.Uint64
-}
-
-func (p *pauseState) enter() { p.n.Add(1); p.epoch.Add(1) }
-func (p *pauseState) leave() { p.n.Add(-1) }
-
 // keepalive pings every PingInterval and ends the registration when no pong
-// arrived within PongTimeout of the previous one.
+// arrived within PongTimeout of the previous one. The reader's pauses (a
+// full stream buffer) are forgiven, and a ping held back behind a data
+// write the broker is slow to take is retried by the adapter rather than
+// reported as ping_timeout.
 func (s *session) keepalive() {
-	last := time.Now()
-	t := time.NewTimer(s.c.cfg.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-s.done:
-			return
-		}
-		e0 := s.pause.epoch.Load()
-		if s.pause.n.Load() > 0 {
-			last = time.Now()
-			t.Reset(s.c.cfg.PingInterval)
-			continue
-		}
-		ctx, cancel := context.WithDeadline(s.ctx, last.Add(s.c.cfg.PongTimeout))
-		err := s.ws.Ping(ctx)
-		cancel()
-		switch {
-		case err == nil || s.pause.epoch.Load() != e0 || s.pause.n.Load() > 0:
-			last = time.Now()
-		case isClosed(s.done):
-			return
-		default:
+	msgconn.Keepalive{
+		Conn: s.ws, Interval: s.c.cfg.PingInterval, Timeout: s.c.cfg.PongTimeout,
+		Pause: &s.pause, Stop: s.done,
+		Dead: func() {
 			s.c.count("ping_timeout")
 			s.fail(codePingTimeout, "no pong from the broker in time", 0, "")
-			return
-		}
-		t.Reset(s.c.cfg.PingInterval)
-	}
+		},
+	}.Run(s.ctx)
 }
 
 // ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -45,12 +46,12 @@ type stream struct {
 	closeOnce sync.Once
 	closedCh  chan struct{} // closed by Close
 	finCh     chan struct{} // closed once the session is done with the stream
-	rd, wd    deadline
+	rd, wd    *msgconn.Deadline
 
 	// Guarded by s.mu.
 	out          bytes.Buffer
 	outSpace     chan struct{}
-	inRR         bool
+	msgconn.Turn      // queued in s.rr
 	closePending bool // send CLOSE once out is drained
 	finished     bool // CLOSE sent or received, or the registration ended
 }
@@ -63,8 +64,8 @@ func newStream(s *session, id wire.ID) *stream {
 		outSpace: make(chan struct{}, 1),
 		closedCh: make(chan struct{}),
 		finCh:    make(chan struct{}),
-		rd:       makeDeadline(),
-		wd:       makeDeadline(),
+		rd:       msgconn.NewDeadline(),
+		wd:       msgconn.NewDeadline(),
 	}
 	st.progress.Store(time.Now().UnixNano())
 	return st
@@ -78,7 +79,7 @@ func (st *stream) FromBroker() bool { return true }
 func (st *stream) Read(p []byte) (int, error) {
 	for {
 		select {
-		case <-st.rd.wait():
+		case <-st.rd.Wait():
 			return 0, os.ErrDeadlineExceeded
 		default:
 		}
@@ -108,7 +109,7 @@ func (st *stream) Read(p []byte) (int, error) {
 		}
 		select {
 		case <-st.readable:
-		case <-st.rd.wait():
+		case <-st.rd.Wait():
 		case <-st.closedCh:
 		}
 	}
@@ -119,7 +120,7 @@ func (st *stream) Write(p []byte) (int, error) {
 	n := 0
 	for {
 		select {
-		case <-st.wd.wait():
+		case <-st.wd.Wait():
 			return n, os.ErrDeadlineExceeded
 		default:
 		}
@@ -153,7 +154,7 @@ func (st *stream) Write(p []byte) (int, error) {
 		s.mu.Unlock()
 		select {
 		case <-st.outSpace:
-		case <-st.wd.wait():
+		case <-st.wd.Wait():
 		case <-st.closedCh:
 		case <-st.finCh:
 		}
@@ -184,12 +185,12 @@ func (st *stream) LocalAddr() net.Addr  { return streamAddr{"host"} }
 func (st *stream) RemoteAddr() net.Addr { return streamAddr{st.id.String()} }
 
 func (st *stream) SetDeadline(t time.Time) error {
-	st.rd.set(t)
-	st.wd.set(t)
+	st.rd.Set(t)
+	st.wd.Set(t)
 	return nil
 }
-func (st *stream) SetReadDeadline(t time.Time) error  { st.rd.set(t); return nil }
-func (st *stream) SetWriteDeadline(t time.Time) error { st.wd.set(t); return nil }
+func (st *stream) SetReadDeadline(t time.Time) error  { st.rd.Set(t); return nil }
+func (st *stream) SetWriteDeadline(t time.Time) error { st.wd.Set(t); return nil }
 
 // endInbound records that no more inbound bytes will arrive; buffered ones
 // are still read first (io.EOF) unless the stream was reset.
@@ -222,50 +223,7 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// deadline is a settable net.Conn deadline: wait returns a channel that is
-// closed once the deadline passed, and a new set re-arms it.
-type deadline struct {
-	mu     sync.Mutex
-	timer  *time.Timer
-	cancel chan struct{}
-}
-
-func makeDeadline() deadline { return deadline{cancel: make(chan struct{})} }
-
-func (d *deadline) set(t time.Time) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.timer != nil && !d.timer.Stop() {
-		<-d.cancel // the timer fired and closed it; wait for that
-	}
-	d.timer = nil
-	closed := isClosed(d.cancel)
-	if t.IsZero() {
-		if closed {
-			d.cancel = make(chan struct{})
-		}
-		return
-	}
-	if dur := time.Until(t); dur > 0 {
-		if closed {
-			d.cancel = make(chan struct{})
-		}
-		ch := d.cancel
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
-		return
-	}
-	if !closed {
-		close(d.cancel)
-	}
-}
-
-func (d *deadline) wait() chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.cancel
-}
-
-func isClosed(ch chan struct{}) bool {
+func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true

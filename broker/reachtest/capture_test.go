@@ -8,7 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hermes-securelink/securelink/broker/client"
+	"github.com/hermes-securelink/securelink/internal/testfake"
+
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
@@ -21,7 +22,7 @@ import (
 // How the broker's view is captured: the test terminates the outer TLS
 // itself and hands the broker the decrypted connections (the broker runs
 // with insecure_plaintext on 127.0.0.1, as it would behind a TLS-terminating
-// proxy), each wrapped in a client.Recorder. So the recorders hold exactly
+// proxy), each wrapped in a testfake.Recorder. So the recorders hold exactly
 // the bytes the broker's HTTP server reads and writes: the upgrade requests
 // and every WebSocket frame of the host connection and of each client
 // connection. Connector and clients are unchanged and speak wss:// with the
@@ -49,7 +50,7 @@ func TestBrokerSeesNoSecrets(t *testing.T) {
 		io.WriteString(w, "dashboard")
 	})
 
-	var phone1, phone2 client.Recorder
+	var phone1, phone2 testfake.Recorder
 	in, err := r.dialTLS(wire.KindBootstrap, r.bootstrap(), authorityHost, r.front.pin(), phone1.Wrap)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +133,7 @@ func TestBrokerSeesNoSecrets(t *testing.T) {
 	}
 
 	// Positive controls: the captures are the real thing.
-	view := func(rec *client.Recorder) string {
+	view := func(rec *testfake.Recorder) string {
 		sent, received, _ := rec.BrokerView()
 		return string(received) + string(sent)
 	}

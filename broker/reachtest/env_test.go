@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/internal/testfake"
+
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
@@ -77,7 +79,7 @@ type testBroker struct {
 	ln        *trackingListener // the running broker's
 
 	mu   sync.Mutex
-	recs []*client.Recorder // capture: one per accepted connection
+	recs []*testfake.Recorder // capture: one per accepted connection
 }
 
 func startBroker(t *testing.T, o brokerOptions) *testBroker {
@@ -124,10 +126,10 @@ func (tb *testBroker) kill(t *testing.T) {
 	}
 }
 
-func (tb *testBroker) recorders() []*client.Recorder {
+func (tb *testBroker) recorders() []*testfake.Recorder {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
-	return append([]*client.Recorder(nil), tb.recs...)
+	return append([]*testfake.Recorder(nil), tb.recs...)
 }
 
 // trackingListener remembers the raw TCP connections it accepted, so kill
@@ -175,7 +177,7 @@ func (c *trackedConn) Close() error {
 }
 
 // recordingListener hands the broker decrypted connections wrapped in a
-// client.Recorder each: the recorder keeps what the broker reads as
+// testfake.Recorder each: the recorder keeps what the broker reads as
 // "received" and what it writes as "sent".
 type recordingListener struct {
 	net.Listener
@@ -187,7 +189,7 @@ func (l *recordingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := &client.Recorder{}
+	rec := &testfake.Recorder{}
 	l.tb.mu.Lock()
 	l.tb.recs = append(l.tb.recs, rec)
 	l.tb.mu.Unlock()

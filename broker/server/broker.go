@@ -3,7 +3,7 @@
 // and relays the opaque bytes of each stream between the client's socket and
 // the host's multiplexed socket, with the plain-v1 flow control of the spec.
 //
-// The core is transport-agnostic: Broker.Serve takes a MessageConn (one
+// The core is transport-agnostic: Broker.Serve takes a msgconn.Conn (one
 // WebSocket as read/write of typed messages), so unit tests drive it over
 // in-memory pipes and the HTTP handler in http.go only upgrades and adapts.
 //
@@ -34,6 +34,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
@@ -76,7 +77,7 @@ type Broker struct {
 	inflight []*change
 	live     int
 	closing  bool
-	pending  map[MessageConn]struct{} // sockets that have not registered yet
+	pending  map[msgconn.Conn]struct{} // sockets that have not registered yet
 
 	statsMu sync.Mutex
 	stats   map[string]int64
@@ -124,7 +125,7 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 		clientReplay: store.NewReplayCache(cfg.MaxHosts*cfg.ReplayPerHost, cfg.ReplayPerHost, cfg.ReplayPerCredential),
 		closedIDs:    store.NewTable[wire.ID, wire.ID](cfg.TableEntries),
 		routeLive:    map[wire.Digest]int{},
-		pending:      map[MessageConn]struct{}{},
+		pending:      map[msgconn.Conn]struct{}{},
 		stats:        map[string]int64{},
 	}
 	b.coalesce.New = func() any { buf := make([]byte, 0, cfg.ClientWriteChunk); return &buf }
@@ -166,7 +167,7 @@ func (b *Broker) janitor(ctx context.Context) {
 // Serve runs one socket until it ends: it reads the registration and then
 // runs the host registration or the client stream. It returns after the
 // socket is closed and every goroutine it started has finished.
-func (b *Broker) Serve(ctx context.Context, c MessageConn) {
+func (b *Broker) Serve(ctx context.Context, c msgconn.Conn) {
 	if !b.enter(c) {
 		c.Close(wire.CloseGoingAway, "shutting down")
 		return
@@ -193,7 +194,7 @@ func (b *Broker) Serve(ctx context.Context, c MessageConn) {
 	}
 }
 
-func (b *Broker) enter(c MessageConn) bool {
+func (b *Broker) enter(c msgconn.Conn) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closing {
@@ -204,7 +205,7 @@ func (b *Broker) enter(c MessageConn) bool {
 	return true
 }
 
-func (b *Broker) leave(c MessageConn) {
+func (b *Broker) leave(c msgconn.Conn) {
 	b.mu.Lock()
 	delete(b.pending, c)
 	b.mu.Unlock()
@@ -219,7 +220,7 @@ const registerReadLimit = wire.MaxControlBytes + 4096
 // answers `unauthorized` and closes while Read is still blocked, because a
 // transport may cut the socket when a read's context ends and the error
 // could then not be sent.
-func (b *Broker) readRegister(ctx context.Context, c MessageConn) (wire.Register, bool) {
+func (b *Broker) readRegister(ctx context.Context, c msgconn.Conn) (wire.Register, bool) {
 	fired := make(chan struct{})
 	t := time.AfterFunc(b.cfg.RegisterTimeout, func() {
 		defer close(fired)
@@ -231,7 +232,7 @@ func (b *Broker) readRegister(ctx context.Context, c MessageConn) (wire.Register
 		return wire.Register{}, false
 	}
 	if err != nil {
-		if errors.Is(err, ErrTooBig) {
+		if errors.Is(err, msgconn.ErrTooBig) {
 			b.count("refused:too_big")
 			c.Close(wire.CloseTooBig, "")
 		} else {
@@ -239,7 +240,7 @@ func (b *Broker) readRegister(ctx context.Context, c MessageConn) (wire.Register
 		}
 		return wire.Register{}, false
 	}
-	if typ != Text {
+	if typ != msgconn.Text {
 		b.refuse(c, &wire.Error{Code: wire.CodeUnauthorized, Detail: "registration is not a text message"})
 		return wire.Register{}, false
 	}
@@ -252,7 +253,7 @@ func (b *Broker) readRegister(ctx context.Context, c MessageConn) (wire.Register
 }
 
 // refuse answers a registration error and closes with 1008.
-func (b *Broker) refuse(c MessageConn, err error) {
+func (b *Broker) refuse(c msgconn.Conn, err error) {
 	code := wire.CodeUnauthorized
 	var we *wire.Error
 	if errors.As(err, &we) && we.Code.Known() {
@@ -266,7 +267,7 @@ func (b *Broker) refuse(c MessageConn, err error) {
 	ev.Msg("registration refused")
 	msg, _ := wire.Marshal(wire.ErrorMsg{Code: code})
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.WriteTimeout)
-	c.Write(ctx, Text, msg)
+	c.Write(ctx, msgconn.Text, msg)
 	cancel()
 	c.Close(wire.ClosePolicy, "")
 }
@@ -275,7 +276,7 @@ func (b *Broker) refuse(c MessageConn, err error) {
 var registered, _ = wire.Marshal(wire.Registered{})
 
 // serveHost authenticates a host and runs its registration.
-func (b *Broker) serveHost(ctx context.Context, c MessageConn, reg wire.Register) {
+func (b *Broker) serveHost(ctx context.Context, c msgconn.Conn, reg wire.Register) {
 	h, err := b.registerHost(ctx, c, reg)
 	if err != nil {
 		if errors.Is(err, errShuttingDown) {
@@ -293,10 +294,10 @@ func (b *Broker) serveHost(ctx context.Context, c MessageConn, reg wire.Register
 	go func() { defer wg.Done(); h.writeLoop() }()
 	go func() {
 		defer wg.Done()
-		b.keepalive(ctx, c, &h.pause, h.done, func() {
+		b.keepalive(c, &h.pause, h.done, func() {
 			b.count("host:ping_timeout")
 			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "ping timeout", cancel: true})
-		})
+		}).Run(ctx)
 	}()
 	h.readLoop(ctx)
 	wg.Wait()
@@ -306,7 +307,7 @@ func (b *Broker) serveHost(ctx context.Context, c MessageConn, reg wire.Register
 
 var errShuttingDown = errors.New("broker is shutting down")
 
-func (b *Broker) registerHost(ctx context.Context, c MessageConn, reg wire.Register) (*hostSession, error) {
+func (b *Broker) registerHost(ctx context.Context, c msgconn.Conn, reg wire.Register) (*hostSession, error) {
 	d := wire.TokenDigest(string(reg.Token))
 	now := b.cfg.now().Unix()
 	b.mu.Lock()
@@ -343,7 +344,7 @@ func (b *Broker) registerHost(ctx context.Context, c MessageConn, reg wire.Regis
 }
 
 // serveClient matches a client to its host and relays its stream.
-func (b *Broker) serveClient(ctx context.Context, c MessageConn, reg wire.Register) {
+func (b *Broker) serveClient(ctx context.Context, c msgconn.Conn, reg wire.Register) {
 	s, err := b.match(ctx, c, reg)
 	if err != nil {
 		if errors.Is(err, errShuttingDown) {
@@ -375,7 +376,7 @@ const replaySeconds = int64(wire.ReplayTTL / time.Second)
 // when the state file cannot be written the consumption is undone and the
 // client is answered `unavailable`, so a restart can never accept the token
 // again and a stream never opens on a use that was not recorded.
-func (b *Broker) match(ctx context.Context, c MessageConn, reg wire.Register) (*stream, error) {
+func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (*stream, error) {
 	now := b.cfg.now()
 	d := wire.TokenDigest(string(reg.Token))
 	b.mu.Lock()
@@ -486,7 +487,7 @@ func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time) (s
 }
 
 // openLocked (b.mu held) creates the stream on h and queues `open`.
-func (b *Broker) openLocked(h *hostSession, c MessageConn, cred store.Credential) *stream {
+func (b *Broker) openLocked(h *hostSession, c msgconn.Conn, cred store.Credential) *stream {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	nowNano := time.Now().UnixNano()
@@ -543,10 +544,7 @@ func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
 	}
 	if e.toHost {
 		s.upClose = true
-		if !s.inRR {
-			s.inRR = true
-			h.rr = append(h.rr, s)
-		}
+		h.rr.Add(s)
 		signal(h.wake)
 	}
 	if !e.flush {
@@ -596,7 +594,7 @@ func (b *Broker) endHostLocked(h *hostSession, e hostEnd) {
 	}
 	if e.closeStreams {
 		// Streams that ended before but whose CLOSE is still queued.
-		for _, s := range h.rr {
+		for _, s := range h.rr.Items() {
 			if s.upClose {
 				e.closeFrames = append(e.closeFrames, wire.AppendClose(nil, s.id))
 			}
@@ -621,7 +619,7 @@ func (b *Broker) Close() {
 		for _, h := range b.hosts {
 			b.endHostLocked(h, hostEnd{code: wire.CloseGoingAway, reason: "shutting down", flushCtrl: true, closeStreams: true})
 		}
-		pending := make([]MessageConn, 0, len(b.pending))
+		pending := make([]msgconn.Conn, 0, len(b.pending))
 		for c := range b.pending {
 			pending = append(pending, c)
 		}

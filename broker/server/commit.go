@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -77,10 +78,10 @@ func (b *Broker) written(err error) {
 // await waits for ch to become durable. It returns errUnavailable when the
 // write failed, and ctx's error when the peer or the broker went away first
 // (the change may still become durable; nobody is told either way).
-func (b *Broker) await(ctx context.Context, p *pauseState, ch *change) error {
+func (b *Broker) await(ctx context.Context, p *msgconn.Pause, ch *change) error {
 	if p != nil {
-		p.enter()
-		defer p.leave()
+		p.Enter()
+		defer p.Leave()
 	}
 	select {
 	case err := <-ch.res:

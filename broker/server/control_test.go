@@ -143,7 +143,7 @@ func (e *env) pausedHost() bool {
 	e.b.mu.Lock()
 	defer e.b.mu.Unlock()
 	for _, h := range e.b.hosts {
-		if h.pause.n.Load() > 0 {
+		if h.pause.Paused() {
 			return true
 		}
 	}
@@ -241,7 +241,7 @@ func TestHostEndReasonSurvivesAWriteInFlight(t *testing.T) {
 			e := newEnv(t, nil)
 			e.pipeN = 1
 			old := e.host(0)
-			old.peer.cutOnCancel.Store(true)
+			old.Peer().SetCutOnCancel(true)
 			tok := wire.NewToken()
 			e.publishRoute(old, "r", tok)
 			c, id := e.client(old, 0, wire.KindRoute, tok)
@@ -249,7 +249,7 @@ func TestHostEndReasonSurvivesAWriteInFlight(t *testing.T) {
 			sendBinary(t, c, []byte("second"))
 			// "first" fills the host's one-message buffer, so the write of
 			// "second" waits until the host reads.
-			waitFor(t, "a write to the host in flight", func() bool { return old.peer.waiting.Load() == 1 })
+			waitFor(t, "a write to the host in flight", func() bool { return old.Peer().BlockedWrites() == 1 })
 			tc.end(e)
 			for _, want := range []string{"first", "second"} {
 				if got := readBinary(t, old); !bytes.Equal(got, dataFrame(id, []byte(want))) {

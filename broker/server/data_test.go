@@ -48,11 +48,11 @@ func TestMatchedPrecedesAnImmediateHostClose(t *testing.T) {
 	release := func() { once.Do(func() { close(gate) }) }
 	t.Cleanup(release) // runs before the broker's cleanup
 	c, brokerEnd := newPipe(se.pipeN, "127.0.0.1:1")
-	brokerEnd.limitHook = func(n int64) {
+	brokerEnd.OnSetReadLimit(func(n int64) {
 		if n == wire.MaxClientFrame+1 {
 			<-gate
 		}
-	}
+	})
 	se.served.Add(1)
 	go func() {
 		defer se.served.Done()

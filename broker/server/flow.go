@@ -1,10 +1,9 @@
 package server
 
 import (
-	"context"
 	"sync"
-	"sync/atomic"
-	"time"
+
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 )
 
 // budget is the broker-wide bound on queued bytes (spec: "at the cap the
@@ -80,54 +79,7 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// pauseState records when a socket's reader deliberately stops reading
-// (backpressure or a pending state write). A pong can only be seen while the
-// reader reads, so keepalive forgives a missing pong while or after a pause
-// instead of dropping a peer for the broker's own backpressure.
-type pauseState struct {
-	n     atomic.Int32
-	epoch atomic.Uint64
-}
-
-func (p *pauseState) enter() { p.n.Add(1); p.epoch.Add(1) }
-func (p *pauseState) leave() { p.n.Add(-1) }
-
-// keepalive pings c every PingInterval and calls dead when no pong arrived
-// within PongTimeout of the previous one, unless the reader was paused
-// meanwhile. It returns when stop is closed or ctx ends.
-func (b *Broker) keepalive(ctx context.Context, c MessageConn, p *pauseState, stop <-chan struct{}, dead func()) {
-	last := time.Now()
-	t := time.NewTimer(b.cfg.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		}
-		e0 := p.epoch.Load()
-		if p.n.Load() > 0 {
-			last = time.Now()
-			t.Reset(b.cfg.PingInterval)
-			continue
-		}
-		pctx, cancel := context.WithDeadline(ctx, last.Add(b.cfg.PongTimeout))
-		err := c.Ping(pctx)
-		cancel()
-		switch {
-		case err == nil || p.epoch.Load() != e0 || p.n.Load() > 0:
-			last = time.Now()
-		default:
-			select {
-			case <-stop:
-			case <-ctx.Done():
-			default:
-				dead()
-			}
-			return
-		}
-		t.Reset(b.cfg.PingInterval)
-	}
+// keepalive is the keepalive of one socket with the broker's timings.
+func (b *Broker) keepalive(c msgconn.Conn, p *msgconn.Pause, stop <-chan struct{}, dead func()) msgconn.Keepalive {
+	return msgconn.Keepalive{Conn: c, Interval: b.cfg.PingInterval, Timeout: b.cfg.PongTimeout, Pause: p, Stop: stop, Dead: dead}
 }

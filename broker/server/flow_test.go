@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -211,7 +212,8 @@ func TestHostBoundDataIsRoundRobin(t *testing.T) {
 	// (queued frames plus the one being written) can only grow: each
 	// state waited for below holds until the test reads.
 	waitFor(t, "the bulk stream to queue behind the full host socket", func() bool {
-		return len(se.host.in) == cap(se.host.in) && se.b.budget.inUse() == (bulkN-2)*bulkFrame
+		n, capacity := se.host.Unread()
+		return n == capacity && se.b.budget.inUse() == (bulkN-2)*bulkFrame
 	})
 	sendBinary(t, small, []byte("small"))
 	waitFor(t, "the small message to queue", func() bool {
@@ -358,7 +360,7 @@ func TestKeepaliveDropsSilentPeers(t *testing.T) {
 	openMsg := <-hostMsgs
 	open, _ := wire.ParseBrokerMessage(openMsg)
 	id := open.(wire.Open).StreamID
-	c.noPong.Store(true) // the client goes silent (reads, never answers)
+	c.SetNoPong(true) // the client goes silent (reads, never answers)
 	go func() {
 		for {
 			if _, _, err := c.Read(context.Background()); err != nil {
@@ -383,7 +385,7 @@ func TestKeepaliveDropsSilentPeers(t *testing.T) {
 		t.Fatal("a host that answers pings was dropped")
 	}
 	// Now the host goes silent too.
-	se.host.noPong.Store(true)
+	se.host.SetNoPong(true)
 	waitFor(t, "the silent host to be dropped", func() bool { return se.b.Stats().HostsOnline == 0 })
 	if n := se.b.Stats().Counts["host:ping_timeout"]; n != 1 {
 		t.Fatalf("%d host ping timeouts", n)
@@ -396,19 +398,19 @@ func TestKeepaliveForgivesPausedReaders(t *testing.T) {
 		c.PongTimeout = 60 * time.Millisecond
 	})
 	peer, ours := newPipe(4, "x")
-	peer.noPong.Store(true)
-	var p pauseState
+	peer.SetNoPong(true)
+	var p msgconn.Pause
 	dead := make(chan struct{})
 	stop := make(chan struct{})
 	defer close(stop)
-	go e.b.keepalive(context.Background(), ours, &p, stop, func() { close(dead) })
-	p.enter()
+	go e.b.keepalive(ours, &p, stop, func() { close(dead) }).Run(context.Background())
+	p.Enter()
 	select {
 	case <-dead:
 		t.Fatal("dropped while the reader was paused by backpressure")
 	case <-time.After(300 * time.Millisecond):
 	}
-	p.leave()
+	p.Leave()
 	select {
 	case <-dead:
 	case <-time.After(step):

@@ -14,9 +14,34 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
+
+// The unit tests drive Broker.Serve over msgconn's in-memory pipe.
+type (
+	pipeConn    = msgconn.PipeConn
+	closeError  = msgconn.CloseError
+	MessageType = msgconn.MessageType
+)
+
+const (
+	Text          = msgconn.Text
+	Binary        = msgconn.Binary
+	closeAbnormal = msgconn.CloseAbnormal
+)
+
+// newPipe returns a peer end and the broker's end, which lends its reads like the WebSocket
+// adapter, so a broker that queues a read slice without copying corrupts
+// the data tests.
+func newPipe(capacity int, remote string) (peer, broker *pipeConn) {
+	peer, broker = msgconn.Pipe(capacity)
+	peer.SetRemoteAddr(remote)
+	broker.SetRemoteAddr("broker")
+	broker.SetLends(true)
+	return peer, broker
+}
 
 // step bounds every single wait of a test, so a broken broker fails the
 // test instead of hanging it.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
@@ -20,9 +21,9 @@ type hostSession struct {
 	id          wire.ID
 	connID      wire.ID
 	tokenDigest wire.Digest
-	conn        MessageConn
+	conn        msgconn.Conn
 	log         zerolog.Logger
-	pause       pauseState
+	pause       msgconn.Pause
 
 	wake        chan struct{} // capacity 1: the writer has work or must end
 	replySpace  chan struct{} // capacity 1: a reply left the queue
@@ -37,10 +38,9 @@ type hostSession struct {
 	// consumption is being written.
 	reserved int
 	streams  map[wire.ID]*stream
-	rr       []*stream // streams with host-bound frames or a CLOSE to send
-	rrNext   int
-	upBytes  int       // all host-bound queues together
-	upSpace  broadcast // fired whenever host-bound space frees
+	rr       msgconn.RoundRobin[*stream] // streams with host-bound frames or a CLOSE to send
+	upBytes  int                         // all host-bound queues together
+	upSpace  broadcast                   // fired whenever host-bound space frees
 	end      *hostEnd
 }
 
@@ -71,7 +71,7 @@ type hostEnd struct {
 	cancel bool
 }
 
-func (b *Broker) newHostSession(ctx context.Context, c MessageConn, reg wire.Register, d wire.Digest) *hostSession {
+func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Register, d wire.Digest) *hostSession {
 	h := &hostSession{
 		b:           b,
 		id:          reg.HostID,
@@ -100,7 +100,7 @@ func (h *hostSession) readLoop(ctx context.Context) {
 	for {
 		typ, data, err := h.conn.Read(ctx)
 		if err != nil {
-			if errors.Is(err, ErrTooBig) {
+			if errors.Is(err, msgconn.ErrTooBig) {
 				b.count("host:too_big")
 				b.endHost(h, hostEnd{code: wire.CloseTooBig, reason: "message too big", cancel: true})
 			} else {
@@ -114,7 +114,7 @@ func (h *hostSession) readLoop(ctx context.Context) {
 		default:
 		}
 		var ok bool
-		if typ == Text {
+		if typ == msgconn.Text {
 			ok = h.control(ctx, data)
 		} else {
 			ok = h.frame(ctx, data)
@@ -286,13 +286,13 @@ func (h *hostSession) reply(ctx context.Context, m wire.Message) bool {
 			return true
 		}
 		h.mu.Unlock()
-		h.pause.enter()
+		h.pause.Enter()
 		select {
 		case <-h.replySpace:
 		case <-h.done:
 		case <-ctx.Done():
 		}
-		h.pause.leave()
+		h.pause.Leave()
 		if ctx.Err() != nil {
 			return false
 		}
@@ -392,7 +392,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 			timer = time.NewTimer(b.cfg.SlowConsumerTimeout - stalled)
 			timeout = timer.C
 		}
-		h.pause.enter()
+		h.pause.Enter()
 		select {
 		case <-wait:
 		case <-timeout:
@@ -400,7 +400,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 		case <-h.done:
 		case <-ctx.Done():
 		}
-		h.pause.leave()
+		h.pause.Leave()
 		if timer != nil {
 			timer.Stop()
 		}
@@ -418,7 +418,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 // Writing
 
 type outItem struct {
-	typ    MessageType
+	typ    msgconn.MessageType
 	data   []byte
 	budget int // bytes to return to the broker budget once written
 }
@@ -466,14 +466,13 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			h.replies--
 			signal(h.replySpace)
 		}
-		return &outItem{typ: Text, data: it.msg}, nil
+		return &outItem{typ: msgconn.Text, data: it.msg}, nil
 	}
 	if h.end != nil {
 		return nil, h.end
 	}
-	for len(h.rr) > 0 {
-		i := h.rrNext % len(h.rr)
-		s := h.rr[i]
+	for h.rr.Len() > 0 {
+		s := h.rr.Current()
 		if len(s.up) > 0 {
 			f := s.up[0]
 			s.up[0] = nil
@@ -482,28 +481,20 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			h.upBytes -= len(f)
 			h.upSpace.fire()
 			if len(s.up) == 0 && !s.upClose {
-				h.removeRR(i)
+				h.rr.Remove()
 			} else {
-				h.rrNext = i + 1
+				h.rr.Advance()
 			}
-			return &outItem{typ: Binary, data: f, budget: len(f)}, nil
+			return &outItem{typ: msgconn.Binary, data: f, budget: len(f)}, nil
 		}
 		if s.upClose {
 			s.upClose = false
-			h.removeRR(i)
-			return &outItem{typ: Binary, data: wire.AppendClose(nil, s.id)}, nil
+			h.rr.Remove()
+			return &outItem{typ: msgconn.Binary, data: wire.AppendClose(nil, s.id)}, nil
 		}
-		h.removeRR(i)
+		h.rr.Remove()
 	}
 	return nil, nil
-}
-
-func (h *hostSession) removeRR(i int) {
-	h.rr[i].inRR = false
-	copy(h.rr[i:], h.rr[i+1:])
-	h.rr[len(h.rr)-1] = nil
-	h.rr = h.rr[:len(h.rr)-1]
-	h.rrNext = i
 }
 
 func (h *hostSession) finish(e *hostEnd, broken bool) {
@@ -512,17 +503,17 @@ func (h *hostSession) finish(e *hostEnd, broken bool) {
 		h.conn.Close(e.code, e.reason)
 		return
 	}
-	write := func(typ MessageType, data []byte) {
+	write := func(typ msgconn.MessageType, data []byte) {
 		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.WriteTimeout)
 		h.conn.Write(ctx, typ, data)
 		cancel()
 	}
 	if e.errMsg != "" {
 		msg, _ := wire.Marshal(wire.ErrorMsg{Code: e.errMsg})
-		write(Text, msg)
+		write(msgconn.Text, msg)
 	}
 	for _, f := range e.closeFrames {
-		write(Binary, f)
+		write(msgconn.Binary, f)
 	}
 	h.conn.Close(e.code, e.reason)
 }
@@ -543,9 +534,8 @@ func (h *hostSession) dropUp(s *stream) {
 func (h *hostSession) releaseQueues() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, s := range h.rr {
+	for _, s := range h.rr.Items() {
 		h.dropUp(s)
-		s.inRR = false
 	}
-	h.rr = nil
+	h.rr.Clear()
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/broker/internal/wsmsg"
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -58,103 +58,10 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // Accept already answered the request
 	}
-	wc := &wsConn{c: ws, remote: r.RemoteAddr}
+	wc := msgconn.FromWebSocket(ws, r.RemoteAddr)
 	b.Serve(r.Context(), wc)
-	wc.rd.Release() // Serve's reader is done with it
+	wc.Release() // Serve's reader is done with it
 }
-
-// wsFragment is the largest WebSocket frame the adapter writes; a larger
-// message goes out as a fragmented message, so a ping can be sent between
-// fragments of a 1 MiB frame to a slow host.
-const wsFragment = 64 << 10
-
-// wsConn adapts a github.com/coder/websocket connection to MessageConn.
-type wsConn struct {
-	c      *websocket.Conn
-	rd     wsmsg.Reader // lends each message until the next Read
-	remote string
-}
-
-func (w *wsConn) Read(ctx context.Context) (MessageType, []byte, error) {
-	typ, data, err := w.rd.Read(ctx, w.c)
-	if err != nil {
-		if errors.Is(err, websocket.ErrMessageTooBig) {
-			return 0, nil, fmt.Errorf("%w: %v", ErrTooBig, err)
-		}
-		return 0, nil, err
-	}
-	return MessageType(typ), data, nil
-}
-
-func (w *wsConn) Write(ctx context.Context, typ MessageType, data []byte) error {
-	return w.write(ctx, typ, data, nil)
-}
-
-// WriteProgress writes one message in wsFragment frames. The deadline is
-// perFragment, restarted after each fragment, and progress is called
-// after each: a slow reader that keeps accepting bytes is never cut.
-func (w *wsConn) WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	deadline := time.AfterFunc(perFragment, cancel)
-	defer deadline.Stop()
-	err := w.write(ctx, typ, data, func() {
-		progress()
-		deadline.Reset(perFragment)
-	})
-	return err
-}
-
-// write sends data as one message, fragmented above wsFragment; after is
-// called, when set, once each fragment has been written.
-func (w *wsConn) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
-	if len(data) <= wsFragment {
-		err := w.c.Write(ctx, websocket.MessageType(typ), data)
-		if err == nil && after != nil {
-			after()
-		}
-		return err
-	}
-	wr, err := w.c.Writer(ctx, websocket.MessageType(typ))
-	if err != nil {
-		return err
-	}
-	for len(data) > 0 {
-		n := min(len(data), wsFragment)
-		if _, err := wr.Write(data[:n]); err != nil {
-			return err
-		}
-		data = data[n:]
-		if after != nil {
-			after()
-		}
-	}
-	return wr.Close()
-}
-
-// Ping retries while the library's internal 5 s wait for the write lock
-// times out behind a long data write; only ctx decides when the pong is
-// overdue.
-func (w *wsConn) Ping(ctx context.Context) error {
-	for {
-		err := w.c.Ping(ctx)
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-func (w *wsConn) Close(code int, reason string) error {
-	return w.c.Close(websocket.StatusCode(code), reason)
-}
-
-func (w *wsConn) SetReadLimit(n int64) { w.c.SetReadLimit(n) }
-func (w *wsConn) RemoteAddr() string   { return w.remote }
 
 // ListenAndServe listens on Config.Listen and serves until ctx ends, then
 // stops the broker (Close) and returns nil.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
@@ -18,11 +19,11 @@ type stream struct {
 	b      *Broker
 	id     wire.ID
 	h      *hostSession
-	conn   MessageConn
+	conn   msgconn.Conn
 	digest wire.Digest
 	kind   wire.Kind
 	log    zerolog.Logger
-	pause  pauseState
+	pause  msgconn.Pause
 
 	// lastActive is when the last payload byte moved either way (Unix ns);
 	// lastProgress when the client last accepted a chunk.
@@ -34,14 +35,14 @@ type stream struct {
 	downSpace chan struct{} // capacity 1: client-bound queue shrank
 
 	// Guarded by h.mu.
-	up          [][]byte // host-bound frames, header included
-	upBytes     int
-	upClose     bool // send CLOSE to the host once up is written
-	inRR        bool
-	down        [][]byte // client-bound payloads
-	downBytes   int
-	writeCancel context.CancelFunc
-	end         *streamEnd
+	up           [][]byte // host-bound frames, header included
+	upBytes      int
+	upClose      bool     // send CLOSE to the host once up is written
+	msgconn.Turn          // queued in h.rr
+	down         [][]byte // client-bound payloads
+	downBytes    int
+	writeCancel  context.CancelFunc
+	end          *streamEnd
 }
 
 // streamEnd says how a stream ends.
@@ -62,7 +63,7 @@ type streamEnd struct {
 	stat   string // counted outcome label
 }
 
-func (b *Broker) newStream(id wire.ID, h *hostSession, c MessageConn, cred store.Credential) *stream {
+func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred store.Credential) *stream {
 	s := &stream{
 		b:         b,
 		id:        id,
@@ -92,7 +93,7 @@ func (s *stream) run(ctx context.Context) {
 	// close, or it cannot tell a finished stream from a refused one.
 	msg, _ := wire.Marshal(wire.Matched{StreamID: s.id})
 	wctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
-	err := s.conn.Write(wctx, Text, msg)
+	err := s.conn.Write(wctx, msgconn.Text, msg)
 	cancel()
 	broken := err != nil
 	if broken {
@@ -103,9 +104,9 @@ func (s *stream) run(ctx context.Context) {
 	go func() { defer wg.Done(); s.writeLoop(ctx, broken) }()
 	go func() {
 		defer wg.Done()
-		b.keepalive(ctx, s.conn, &s.pause, s.done, func() {
+		b.keepalive(s.conn, &s.pause, s.done, func() {
 			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "ping timeout", toHost: true, cancel: true, stat: "ping_timeout"})
-		})
+		}).Run(ctx)
 	}()
 	go func() { defer wg.Done(); s.idleWatch(ctx) }()
 	s.readLoop(ctx)
@@ -119,7 +120,7 @@ func (s *stream) readLoop(ctx context.Context) {
 	for {
 		typ, data, err := s.conn.Read(ctx)
 		if err != nil {
-			if errors.Is(err, ErrTooBig) {
+			if errors.Is(err, msgconn.ErrTooBig) {
 				b.endStream(s, streamEnd{code: wire.CloseTooBig, toHost: true, stat: "too_big"})
 			} else {
 				b.endStream(s, streamEnd{code: wire.CloseNormal, toHost: true, cancel: true, stat: "client_closed"})
@@ -132,7 +133,7 @@ func (s *stream) readLoop(ctx context.Context) {
 		default:
 		}
 		switch {
-		case typ != Binary:
+		case typ != msgconn.Binary:
 			b.endStream(s, streamEnd{code: wire.ClosePolicy, errMsg: wire.CodeUnauthorized, toHost: true, stat: "client_text"})
 			return
 		case len(data) > wire.MaxClientFrame:
@@ -175,10 +176,7 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 				s.up = append(s.up, frames...)
 				s.upBytes += n
 				h.upBytes += n
-				if !s.inRR {
-					s.inRR = true
-					h.rr = append(h.rr, s)
-				}
+				h.rr.Add(s)
 				h.mu.Unlock()
 				signal(h.wake)
 				return true
@@ -192,13 +190,13 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 			paused = true
 			b.count("paused:client")
 		}
-		s.pause.enter()
+		s.pause.Enter()
 		select {
 		case <-wait:
 		case <-s.done:
 		case <-ctx.Done():
 		}
-		s.pause.leave()
+		s.pause.Leave()
 		if ctx.Err() != nil {
 			return false
 		}
@@ -302,11 +300,11 @@ func (s *stream) writeMessage(ctx context.Context, p []byte) error {
 		s.lastProgress.Store(now)
 		s.lastActive.Store(now)
 	}
-	if pw, ok := s.conn.(progressWriter); ok {
-		return pw.WriteProgress(ctx, Binary, p, s.b.cfg.WriteTimeout, progress)
+	if pw, ok := s.conn.(msgconn.ProgressWriter); ok {
+		return pw.WriteProgress(ctx, msgconn.Binary, p, s.b.cfg.WriteTimeout, progress)
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.b.cfg.WriteTimeout)
-	err := s.conn.Write(wctx, Binary, p)
+	err := s.conn.Write(wctx, msgconn.Binary, p)
 	cancel()
 	if err == nil {
 		progress()
@@ -314,17 +312,11 @@ func (s *stream) writeMessage(ctx context.Context, p []byte) error {
 	return err
 }
 
-// progressWriter is a MessageConn that writes a message in fragments with
-// a deadline per fragment, calling progress after each.
-type progressWriter interface {
-	WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error
-}
-
 func (s *stream) finish(ctx context.Context, e streamEnd) {
 	if e.errMsg != "" {
 		msg, _ := wire.Marshal(wire.ErrorMsg{Code: e.errMsg})
 		wctx, cancel := context.WithTimeout(s.b.ctx, s.b.cfg.WriteTimeout)
-		s.conn.Write(wctx, Text, msg)
+		s.conn.Write(wctx, msgconn.Text, msg)
 		cancel()
 	}
 	s.conn.Close(e.code, e.reason)

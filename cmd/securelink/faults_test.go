@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/internal/testfake"
+
 	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/broker/client"
@@ -43,7 +45,7 @@ type tlsTap struct {
 	ln      net.Listener
 	backend string
 	mu      sync.Mutex
-	recs    []*client.Recorder
+	recs    []*testfake.Recorder
 }
 
 func startTLSTap(t *testing.T, certFile, keyFile, backend string) *tlsTap {
@@ -92,7 +94,7 @@ func (tap *tlsTap) serve(raw *net.TCPConn, cfg *tls.Config) {
 		return
 	}
 	defer be.Close()
-	rec := &client.Recorder{}
+	rec := &testfake.Recorder{}
 	tap.mu.Lock()
 	tap.recs = append(tap.recs, rec)
 	tap.mu.Unlock()
@@ -111,7 +113,7 @@ func (tap *tlsTap) addr() string { return tap.ln.Addr().String() }
 // broker could read it, and how many bytes the tap recorded in all.
 func (tap *tlsTap) seen(needle []byte) (found bool, total int) {
 	tap.mu.Lock()
-	recs := append([]*client.Recorder(nil), tap.recs...)
+	recs := append([]*testfake.Recorder(nil), tap.recs...)
 	tap.mu.Unlock()
 	for _, r := range recs {
 		// A capture cut by the kill may end inside a frame; Contains still

@@ -1,4 +1,4 @@
-package client
+package testfake
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-// Package wsmsg reads whole WebSocket messages into pooled, reused buffers.
+// Pooled reads.
 //
 // github.com/coder/websocket's Conn.Read allocates a fresh slice for every
 // message and grows it from 512 bytes by repeated appends, so a 1 MiB frame
@@ -7,7 +7,8 @@
 // parses a message and then either copies the little it keeps (a frame's
 // payload into a queue, a JSON field into a string) or drops it, so one
 // buffer per reader, lent until its next read, is enough.
-package wsmsg
+
+package msgconn
 
 import (
 	"context"
@@ -26,7 +27,8 @@ var pool = sync.Pool{New: func() any {
 	return &b
 }}
 
-// Reader reads the messages of one connection, from one goroutine at a time.
+// Reader reads whole WebSocket messages into pooled, reused buffers, for
+// one connection, from one goroutine at a time.
 // The zero value is ready to use.
 type Reader struct {
 	held *[]byte
@@ -43,27 +45,15 @@ func (r *Reader) Read(ctx context.Context, c *websocket.Conn) (websocket.Message
 	if err != nil {
 		return 0, nil, err
 	}
-	data, err := r.ReadAll(rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	return typ, data, nil
-}
-
-// ReadAll reads one message's reader (from Conn.Reader) to its end, for
-// callers that handle Reader's errors themselves. The slice is lent like
-// Read's.
-func (r *Reader) ReadAll(rd io.Reader) ([]byte, error) {
-	r.Release()
 	bp := pool.Get().(*[]byte)
 	buf, err := readAll(rd, (*bp)[:0])
 	*bp = buf[:0]
 	if err != nil {
 		pool.Put(bp)
-		return nil, err
+		return 0, nil, err
 	}
 	r.held = bp
-	return buf, nil
+	return typ, buf, nil
 }
 
 // Release returns the buffer of the last message to the pool. The slice the

@@ -1,10 +1,13 @@
-package connector
+// Package testfake holds the project's test fakes: one fake broker (this
+// file) and one fake Relay.
+package testfake
 
-// fakeBroker is a scripted broker peer over real TLS on 127.0.0.1: it
+// Broker is a scripted Reach broker peer over real TLS on 127.0.0.1: it
 // accepts the connector's registration and then lets a test send exactly
 // the messages the real broker never sends (opens for other registrations,
 // duplicate opens, DATA for unknown streams, out-of-order replies) and read
 // exactly what the connector answers. The connector itself is never faked.
+// It is the one fake broker of the project's tests.
 
 import (
 	"context"
@@ -20,33 +23,32 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
-type fakeBroker struct {
+type Broker struct {
 	t     *testing.T
 	srv   *httptest.Server
-	pool  *x509.CertPool
-	hosts chan *fakeHost
-	pings atomic.Int64
+	Pool  *x509.CertPool
+	hosts chan *Host
+	Pings atomic.Int64
 	// answer, when set, replaces the `registered` answer (nil: say nothing).
-	answer func() []byte
+	Answer func() []byte
 	// handler, when set, answers the HTTP request instead of upgrading.
-	handler http.HandlerFunc
+	Handler http.HandlerFunc
 }
 
-type fakeHost struct {
+type Host struct {
 	t      *testing.T
-	ws     *websocket.Conn
-	reg    wire.Register
-	connID wire.ID
+	WS     *websocket.Conn
+	Reg    wire.Register
+	ConnID wire.ID
 	done   chan struct{}
 }
 
-func newFakeBroker(t *testing.T, mutate func(*fakeBroker)) *fakeBroker {
+func NewBroker(t *testing.T, mutate func(*Broker)) *Broker {
 	t.Helper()
-	fb := &fakeBroker{t: t, hosts: make(chan *fakeHost, 16)}
+	fb := &Broker{t: t, hosts: make(chan *Host, 16)}
 	if mutate != nil {
 		mutate(fb)
 	}
@@ -54,37 +56,29 @@ func newFakeBroker(t *testing.T, mutate func(*fakeBroker)) *fakeBroker {
 	fb.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut at cleanup
 	fb.srv.StartTLS()
 	t.Cleanup(fb.srv.Close)
-	fb.pool = x509.NewCertPool()
-	fb.pool.AddCert(fb.srv.Certificate())
+	fb.Pool = x509.NewCertPool()
+	fb.Pool.AddCert(fb.srv.Certificate())
 	return fb
 }
 
-func (fb *fakeBroker) url() string {
+// URL is the broker's wss:// connect URL.
+func (fb *Broker) URL() string {
 	return "wss://" + fb.srv.Listener.Addr().String() + wire.ConnectPath
 }
 
-func (fb *fakeBroker) config(t *testing.T) Config {
-	log, _ := testenv.NewLog(t)
-	return Config{
-		BrokerURL: fb.url(), HostID: wire.NewID().String(), Token: wire.NewToken(),
-		RootCAs: fb.pool, Log: log,
-		BackoffBase: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
-	}
-}
-
-func (fb *fakeBroker) serve(w http.ResponseWriter, r *http.Request) {
-	if fb.handler != nil {
-		fb.handler(w, r)
+func (fb *Broker) serve(w http.ResponseWriter, r *http.Request) {
+	if fb.Handler != nil {
+		fb.Handler(w, r)
 		return
 	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
-		OnPingReceived: func(context.Context, []byte) bool { fb.pings.Add(1); return true },
+		OnPingReceived: func(context.Context, []byte) bool { fb.Pings.Add(1); return true },
 	})
 	if err != nil {
 		return
 	}
 	ws.SetReadLimit(wire.MaxHostFrameIn)
-	ctx, cancel := context.WithTimeout(r.Context(), step)
+	ctx, cancel := context.WithTimeout(r.Context(), Step)
 	_, data, err := ws.Read(ctx)
 	cancel()
 	if err != nil {
@@ -97,10 +91,10 @@ func (fb *fakeBroker) serve(w http.ResponseWriter, r *http.Request) {
 		fb.t.Errorf("connector sent an invalid register: %v", err)
 		return
 	}
-	h := &fakeHost{t: fb.t, ws: ws, reg: reg, connID: reg.ConnectionID, done: make(chan struct{})}
+	h := &Host{t: fb.t, WS: ws, Reg: reg, ConnID: reg.ConnectionID, done: make(chan struct{})}
 	answer := registeredMsg
-	if fb.answer != nil {
-		answer = fb.answer()
+	if fb.Answer != nil {
+		answer = fb.Answer()
 	}
 	if answer != nil {
 		if err := ws.Write(r.Context(), websocket.MessageText, answer); err != nil {
@@ -116,22 +110,25 @@ func (fb *fakeBroker) serve(w http.ResponseWriter, r *http.Request) {
 	ws.CloseNow()
 }
 
+// Step bounds every single wait of the fake.
+const Step = 10 * time.Second
+
 var registeredMsg, _ = wire.Marshal(wire.Registered{})
 
-// host waits for the next registration.
-func (fb *fakeBroker) host() *fakeHost {
+// Host waits for the next registration.
+func (fb *Broker) Host() *Host {
 	fb.t.Helper()
 	select {
 	case h := <-fb.hosts:
-		fb.t.Cleanup(func() { h.close() })
+		fb.t.Cleanup(func() { h.Close() })
 		return h
-	case <-time.After(step):
+	case <-time.After(Step):
 		fb.t.Fatal("the connector did not register")
 		return nil
 	}
 }
 
-func (h *fakeHost) close() {
+func (h *Host) Close() {
 	select {
 	case <-h.done:
 	default:
@@ -139,50 +136,50 @@ func (h *fakeHost) close() {
 	}
 }
 
-func (h *fakeHost) sendText(m wire.Message) {
+func (h *Host) SendText(m wire.Message) {
 	h.t.Helper()
 	data, err := wire.Marshal(m)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.sendRaw(websocket.MessageText, data)
+	h.SendRaw(websocket.MessageText, data)
 }
 
-func (h *fakeHost) sendRaw(typ websocket.MessageType, data []byte) {
+func (h *Host) SendRaw(typ websocket.MessageType, data []byte) {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), step)
+	ctx, cancel := context.WithTimeout(context.Background(), Step)
 	defer cancel()
-	if err := h.ws.Write(ctx, typ, data); err != nil {
+	if err := h.WS.Write(ctx, typ, data); err != nil {
 		h.t.Fatalf("fake broker write: %v", err)
 	}
 }
 
-func (h *fakeHost) open(id wire.ID) {
+func (h *Host) Open(id wire.ID) {
 	h.t.Helper()
-	h.sendText(wire.Open{StreamID: id, HostConnectionID: h.connID})
+	h.SendText(wire.Open{StreamID: id, HostConnectionID: h.ConnID})
 }
 
-func (h *fakeHost) data(id wire.ID, p []byte) {
+func (h *Host) Data(id wire.ID, p []byte) {
 	h.t.Helper()
 	f, err := wire.AppendFrame(nil, wire.Frame{Flags: wire.FlagData, StreamID: id, Payload: p})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.sendRaw(websocket.MessageBinary, f)
+	h.SendRaw(websocket.MessageBinary, f)
 }
 
-func (h *fakeHost) closeStream(id wire.ID) {
+func (h *Host) CloseStream(id wire.ID) {
 	h.t.Helper()
-	h.sendRaw(websocket.MessageBinary, wire.AppendClose(nil, id))
+	h.SendRaw(websocket.MessageBinary, wire.AppendClose(nil, id))
 }
 
 // read returns the connector's next message (text as a parsed host control
 // message, binary as a frame).
-func (h *fakeHost) read() (wire.Message, *wire.Frame) {
+func (h *Host) Read() (wire.Message, *wire.Frame) {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), step)
+	ctx, cancel := context.WithTimeout(context.Background(), Step)
 	defer cancel()
-	typ, data, err := h.ws.Read(ctx)
+	typ, data, err := h.WS.Read(ctx)
 	if err != nil {
 		h.t.Fatalf("fake broker read: %v", err)
 	}
@@ -205,9 +202,9 @@ func (h *fakeHost) read() (wire.Message, *wire.Frame) {
 }
 
 // frame reads the next message and requires a frame.
-func (h *fakeHost) frame() wire.Frame {
+func (h *Host) Frame() wire.Frame {
 	h.t.Helper()
-	m, f := h.read()
+	m, f := h.Read()
 	if f == nil {
 		h.t.Fatalf("expected a frame, got %#v", m)
 	}
@@ -215,44 +212,15 @@ func (h *fakeHost) frame() wire.Frame {
 }
 
 // readErr reads until the socket fails and returns the error.
-func (h *fakeHost) readErr() error {
-	ctx, cancel := context.WithTimeout(context.Background(), step)
+func (h *Host) ReadErr() error {
+	ctx, cancel := context.WithTimeout(context.Background(), Step)
 	defer cancel()
 	for {
-		if _, _, err := h.ws.Read(ctx); err != nil {
+		if _, _, err := h.WS.Read(ctx); err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
 				h.t.Fatal("the socket did not end")
 			}
 			return err
 		}
-	}
-}
-
-// accept returns the next stream the connector hands to the front.
-func accept(t *testing.T, c *Connector) *stream {
-	t.Helper()
-	type res struct {
-		st  *stream
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		conn, err := c.Listener().Accept()
-		if err != nil {
-			ch <- res{err: err}
-			return
-		}
-		ch <- res{st: conn.(*stream)}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatalf("accept: %v", r.err)
-		}
-		t.Cleanup(func() { r.st.Close() })
-		return r.st
-	case <-time.After(step):
-		t.Fatal("no stream was accepted")
-		return nil
 	}
 }

@@ -1,4 +1,4 @@
-package wsmsg
+package msgconn
 
 import (
 	"bytes"

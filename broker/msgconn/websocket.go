@@ -1,0 +1,145 @@
+package msgconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// fragment is the largest WebSocket frame the adapter writes; a larger
+// message goes out as a fragmented message, so a ping can be sent between
+// fragments of a 1 MiB frame to a slow peer.
+const fragment = 64 << 10
+
+// maxReadRetries bounds how often in a row Read resumes after the library
+// gave up answering a ping (see Read).
+const maxReadRetries = 16
+
+// pingRetry is the pause between two ping attempts that each timed out
+// waiting for the library's write lock.
+const pingRetry = 10 * time.Millisecond
+
+// WebSocket adapts a github.com/coder/websocket connection to Conn. It
+// reads each message into a pooled buffer lent until the next Read (see
+// Reader), maps the library's errors to ErrTooBig and *CloseError, and
+// works around the library's fixed 5 s wait for its write lock when it
+// writes a control frame (Ping and Read).
+type WebSocket struct {
+	c      *websocket.Conn
+	rd     Reader
+	remote string
+}
+
+var _ ProgressWriter = (*WebSocket)(nil)
+
+// FromWebSocket adapts c; remote is the peer's address for logs.
+func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
+	return &WebSocket{c: c, remote: remote}
+}
+
+// Read returns the next message, lent until the next Read or Release.
+//
+// The library answers a ping while reading and waits at most 5 s for the
+// write lock; behind a data write blocked by the peer's backpressure that
+// fails without harming the socket. Read then resumes: if the socket is
+// really gone, the next read says so.
+func (w *WebSocket) Read(ctx context.Context) (MessageType, []byte, error) {
+	for retries := 0; ; retries++ {
+		typ, data, err := w.rd.Read(ctx, w.c)
+		if err == nil {
+			return MessageType(typ), data, nil
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && retries < maxReadRetries {
+			continue
+		}
+		return 0, nil, mapError(err)
+	}
+}
+
+// Release returns the buffer of the last message to the pool once the
+// caller's reader is done with the socket.
+func (w *WebSocket) Release() { w.rd.Release() }
+
+func mapError(err error) error {
+	var ce websocket.CloseError
+	switch {
+	case errors.Is(err, websocket.ErrMessageTooBig):
+		return fmt.Errorf("%w: %v", ErrTooBig, err)
+	case errors.As(err, &ce):
+		return &CloseError{Code: int(ce.Code), Reason: ce.Reason}
+	}
+	return err
+}
+
+func (w *WebSocket) Write(ctx context.Context, typ MessageType, data []byte) error {
+	return w.write(ctx, typ, data, nil)
+}
+
+// WriteProgress writes one message in 64 KiB fragments. The deadline is
+// perFragment, restarted after each fragment, and progress is called
+// after each.
+func (w *WebSocket) WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	deadline := time.AfterFunc(perFragment, cancel)
+	defer deadline.Stop()
+	return w.write(ctx, typ, data, func() {
+		progress()
+		deadline.Reset(perFragment)
+	})
+}
+
+// write sends data as one message, fragmented above 64 KiB; after is
+// called, when set, once each fragment has been written.
+func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
+	if len(data) <= fragment {
+		err := w.c.Write(ctx, websocket.MessageType(typ), data)
+		if err == nil && after != nil {
+			after()
+		}
+		return err
+	}
+	wr, err := w.c.Writer(ctx, websocket.MessageType(typ))
+	if err != nil {
+		return err
+	}
+	for len(data) > 0 {
+		n := min(len(data), fragment)
+		if _, err := wr.Write(data[:n]); err != nil {
+			return err
+		}
+		data = data[n:]
+		if after != nil {
+			after()
+		}
+	}
+	return wr.Close()
+}
+
+// Ping retries while the library's internal 5 s wait for the write lock
+// times out behind a long data write (the peer's backpressure holds our
+// ping back, not a dead peer); only ctx decides when the pong is overdue.
+func (w *WebSocket) Ping(ctx context.Context) error {
+	for {
+		err := w.c.Ping(ctx)
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return mapError(err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pingRetry):
+		}
+	}
+}
+
+func (w *WebSocket) Close(code int, reason string) error {
+	return w.c.Close(websocket.StatusCode(code), reason)
+}
+
+func (w *WebSocket) CloseNow() error      { return w.c.CloseNow() }
+func (w *WebSocket) SetReadLimit(n int64) { w.c.SetReadLimit(n) }
+func (w *WebSocket) RemoteAddr() string   { return w.remote }

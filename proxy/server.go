@@ -34,15 +34,6 @@ import (
 	"github.com/hermes-securelink/securelink/relay"
 )
 
-// BrokerConn is implemented by connections that arrived through a Reach
-// broker stream. The connection context of such a connection is marked so
-// the /relay bridge can apply the route-credential handoff and the shared
-// "reach" auth-failure source.
-type BrokerConn interface {
-	net.Conn
-	FromBroker() bool
-}
-
 // Server is the front. Create it with New, serve listeners with Serve, apply
 // configuration and identity changes with Reload, stop it with Shutdown.
 type Server struct {
@@ -124,15 +115,7 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 		// answers it itself, outside every check of ServeHTTP.
 		DisableGeneralOptionsHandler: true,
 		ErrorLog:                     log.New(serverErrorLog{log: opts.Log, event: "http_server", metrics: opts.Metrics}, "", 0),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			if tc, ok := c.(*tls.Conn); ok {
-				c = tc.NetConn()
-			}
-			if bc, ok := c.(BrokerConn); ok && bc.FromBroker() {
-				return relay.WithBrokerStream(ctx)
-			}
-			return ctx
-		},
+		ConnContext:                  connContext,
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams:          250,
 			MaxReceiveBufferPerStream:     1 << 20,

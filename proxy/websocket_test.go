@@ -433,20 +433,43 @@ func TestRelayMessageSizeLimit(t *testing.T) {
 	}
 }
 
-// brokerListener marks every accepted connection as having arrived through a
-// Reach broker stream, as the Reach connector's listener does.
-type brokerListener struct{ net.Listener }
+// claimsBroker is a listener whose connections carry a FromBroker method,
+// as the connector's streams once did: serving it with Serve must not make
+// them Reach connections (only ServeReach decides that).
+type claimsBroker struct{ net.Listener }
 
-type brokerConn struct{ net.Conn }
+type claimingConn struct{ net.Conn }
 
-func (brokerConn) FromBroker() bool { return true }
+func (claimingConn) FromBroker() bool { return true }
 
-func (l brokerListener) Accept() (net.Conn, error) {
+func (l claimsBroker) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return brokerConn{c}, nil
+	return claimingConn{c}, nil
+}
+
+// "Arrived through Reach" comes from the listener, never from what a
+// connection type claims about itself.
+func TestOnlyServeReachMarksReachConnections(t *testing.T) {
+	h := newHarness(t, withOptions(func(o *Options) { o.ProxySecret = "configured-proxy-secret" }))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.srv.Serve(claimsBroker{ln})
+	c, _, err := h.dialWSWith("/relay/ws", wsOpts{localIP: "127.0.0.2", via: ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
+		t.Fatalf("auth: %s", got)
+	}
+	if peer := h.relay.LastRequest().Header.Get("X-Hermes-Proxy-Peer"); peer != "127.0.0.2" {
+		t.Fatalf("a connection served by Serve has peer %q, want its own address", peer)
+	}
 }
 
 // Every broker-arrived connection shares the single source "reach": their
@@ -458,7 +481,7 @@ func TestBrokerConnectionsShareOneAuthFailureSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go h.srv.Serve(brokerListener{ln})
+	go h.srv.ServeReach(ln)
 	viaBroker := func(src string) (*websocket.Conn, *http.Response, error) {
 		return h.dialWSWith("/relay/ws", wsOpts{localIP: src, via: ln.Addr().String()})
 	}

@@ -23,8 +23,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/internal/testfake"
-
 	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/broker/client"

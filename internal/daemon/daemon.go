@@ -178,8 +178,8 @@ func Run(ctx context.Context, o Options) error {
 	go func() { serveErr <- front.Serve(ln) }()
 	if d.reach != nil {
 		// Broker streams are served in memory by the same front: one policy
-		// path, and ConnContext marks them for the route-credential handoff.
-		go func() { serveErr <- front.Serve(d.reach.Listener()) }()
+		// path, and ServeReach marks them for the route-credential handoff.
+		go func() { serveErr <- front.ServeReach(d.reach.Listener()) }()
 		go func() {
 			if err := d.reach.Run(ctx); err != nil && ctx.Err() == nil {
 				log.Error().Err(err).Str("event", "reach_stopped").Msg("Reach connector stopped")

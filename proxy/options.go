@@ -107,6 +107,9 @@ type Options struct {
 	// records nothing.
 	Metrics *metrics.Front
 	Log     zerolog.Logger
+	// reverseProxyOnly sends every forwarded request through the
+	// ReverseProxy path (tests run the request matrix over both paths).
+	reverseProxyOnly bool
 }
 
 func (o *Options) validate() error {

@@ -52,10 +52,11 @@ type Server struct {
 	sniRejected atomic.Uint64
 	metrics     *metrics.Front
 
-	mu       sync.Mutex
-	upgraded map[net.Conn]struct{}     // byte-level upgrades, closed on Shutdown
-	streams  map[*eventStream]struct{} // open event streams, ended on Shutdown
-	closing  bool
+	mu               sync.Mutex
+	upgraded         map[net.Conn]struct{}     // byte-level upgrades, closed on Shutdown
+	streams          map[*eventStream]struct{} // open event streams, ended on Shutdown
+	closing          bool
+	reverseProxyOnly bool // Options.reverseProxyOnly
 }
 
 // state is everything Reload replaces at once; requests read one snapshot.
@@ -75,7 +76,8 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}, streams: map[*eventStream]struct{}{}}
+	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}, streams: map[*eventStream]struct{}{},
+		reverseProxyOnly: opts.reverseProxyOnly}
 	s.prober = probe.New(probe.Options{
 		Interval: opts.Limits.ProbeInterval,
 		Timeout:  opts.Limits.ProbeTimeout,

@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/hermes-securelink/securelink/proxy/policy"
+	"github.com/hermes-securelink/securelink/internal/policy"
 )
 
 // The direct path forwards a request without a body that is not an upgrade
@@ -48,18 +48,16 @@ import (
 // and failure answers (502, 499, a cut connection) are the same. A request
 // that fails on a reused connection is retried under the Transport's rules.
 
-// direct forwards one bodiless, non-upgrade request.
-func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQuery string) {
+// direct forwards one bodiless, non-upgrade request (see serve for the
+// policy).
+func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, target *url.URL) {
 	l := f.limits
 	var start time.Time
 	if f.s.metrics != nil {
 		start = time.Now()
 	}
 	h := r.Header
-	// The client's request is ours to change: net/http reads nothing of
-	// it after the handler starts. Stripping hop-by-hop headers (and any
-	// Upgrade) is part of the policy.
-	policy.RequestHeaders(f.ns, h, f.authority, r.RemoteAddr, false)
+	// Validated as the Transport validates them on the other path.
 	for k, vv := range h {
 		if !httpguts.ValidHeaderFieldName(k) {
 			f.fail(w, r, fmt.Errorf("invalid header field name %q", k))
@@ -73,9 +71,8 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		}
 	}
 	out := &http.Request{
-		Method: r.Method,
-		// Opaque carries the raw tail byte for byte (see rewrite).
-		URL:        &url.URL{Scheme: "http", Host: f.upstream.Host, Opaque: f.basePath + rawTail, RawQuery: rawQuery},
+		Method:     r.Method,
+		URL:        target,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,
 		ProtoMinor: 1,
@@ -122,8 +119,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		return
 	}
 	policy.StripHopByHop(resp.Header) // as ReverseProxy does on the other path
-	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
-	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream) // the announced names
+	f.responseHead(resp)
 	if resp.ContentLength > l.MaxResponseBody {
 		b.Close()
 		f.fail(w, r, errResponseTooLarge)
@@ -166,7 +162,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	b.Close()
 	// Reading the body to its end filled in the trailers, announced or
 	// not: they get the response policy too.
-	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream)
+	f.responsePolicy(resp.Trailer)
 	if len(resp.Trailer) > 0 {
 		// Force chunking so net/http does not compute a length and drop
 		// the trailers.
@@ -220,7 +216,7 @@ func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Reque
 		}
 		// An informational answer (103 Early Hints): relayed under the
 		// response header policy, and the head limit starts over.
-		policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
+		f.responsePolicy(resp.Header)
 		copyInto(w.Header(), resp.Header)
 		w.WriteHeader(resp.StatusCode)
 		clear(w.Header())

@@ -11,7 +11,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +28,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // helperRelayEnv makes the test binary, re-executed, serve a fake Relay in
@@ -37,9 +36,9 @@ import (
 const helperRelayEnv = "SECURELINK_FAULT_RELAY"
 
 // TestHelperRelayProcess is not a test: run by faultRelay in a child
-// process, it serves /ws on 127.0.0.1 (the first-frame auth answered with
-// relaytest.AuthOKMsg for relaytest.GoodCode, then an echo), prints its URL
-// and serves until it is killed or its stdin closes (the parent died).
+// process, it serves the fake Relay (internal/testfake) on 127.0.0.1,
+// prints its URL and serves until it is killed or its stdin closes (the
+// parent died).
 // With the variable set to "rst" every accepted socket has SO_LINGER 0, so
 // the kernel resets the connections when the process dies instead of
 // closing them with a FIN.
@@ -53,9 +52,8 @@ func TestHelperRelayProcess(t *testing.T) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(serveHelperRelay)}
-	go srv.Serve(lingerListener{ln, mode == "rst"})
-	fmt.Printf("http://%s\n", ln.Addr())
+	relay := testfake.NewRelayOn(t, lingerListener{ln, mode == "rst"}, nil)
+	fmt.Printf("%s\n", relay.URL)
 	io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)
 }
@@ -71,32 +69,6 @@ func (l lingerListener) Accept() (net.Conn, error) {
 		c.(*net.TCPConn).SetLinger(0)
 	}
 	return c, err
-}
-
-func serveHelperRelay(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/ws" {
-		http.NotFound(w, r)
-		return
-	}
-	c, err := websocket.Accept(w, r, nil)
-	if err != nil {
-		return
-	}
-	defer c.CloseNow()
-	ctx := context.Background()
-	if _, first, err := c.Read(ctx); err != nil || !strings.Contains(string(first), relaytest.GoodCode) {
-		c.Close(websocket.StatusPolicyViolation, "auth failed")
-		return
-	}
-	if c.Write(ctx, websocket.MessageText, []byte(relaytest.AuthOKMsg)) != nil {
-		return
-	}
-	for {
-		typ, msg, err := c.Read(ctx)
-		if err != nil || c.Write(ctx, typ, msg) != nil {
-			return
-		}
-	}
 }
 
 // relayProcess is a fake Relay in a child process.
@@ -211,7 +183,7 @@ func openFaultSessions(t *testing.T, h *harness, n int) []*websocket.Conn {
 	cs := make([]*websocket.Conn, n)
 	for i := range cs {
 		cs[i] = h.mustDialWS("/relay/ws", "")
-		if v := relaytest.Authenticate(t, cs[i], relaytest.GoodCode); !strings.Contains(v, `"auth.ok"`) {
+		if v := testfake.Authenticate(t, cs[i], testfake.GoodCode); !strings.Contains(v, `"auth.ok"`) {
 			t.Fatalf("session %d: verdict %s", i, v)
 		}
 		wsSend(t, cs[i], websocket.MessageText, []byte("ping "+itoa(i)))
@@ -230,12 +202,12 @@ func openFaultSessions(t *testing.T, h *harness, n int) []*websocket.Conn {
 // front's translation of a Relay leg that died without one.
 func expectClosedWithoutStatus(t *testing.T, cs []*websocket.Conn) {
 	t.Helper()
-	ends := make(chan relaytest.End, len(cs))
+	ends := make(chan testfake.End, len(cs))
 	for _, c := range cs {
 		go func() {
 			for {
 				if _, _, err := wsRead(c); err != nil {
-					ends <- relaytest.EndOf(err)
+					ends <- testfake.EndOf(err)
 					c.CloseNow()
 					return
 				}

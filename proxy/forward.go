@@ -15,15 +15,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hermes-securelink/securelink/proxy/policy"
+	"github.com/hermes-securelink/securelink/internal/policy"
 )
 
-// forwarder proxies one namespace to its fixed upstream. A request without a
-// body that is not an upgrade takes the direct path (direct.go), which costs
-// a fraction of the CPU; the others go through httputil.ReverseProxy: its
-// Rewrite hook gives us the outgoing request after hop-by-hop removal, it
-// streams a request body while the answer may already arrive, and handles
-// the WebSocket upgrade as a byte-level copy that closes both legs together.
+// forwarder proxies one namespace to its fixed upstream, on one of two
+// paths behind serve (exchange.go): the direct path (direct.go) for a
+// request without a body that is not an upgrade, which costs a fraction of
+// the CPU, and httputil.ReverseProxy (this file) for the others: it streams
+// a request body while the answer may already arrive, and handles the
+// WebSocket upgrade as a byte-level copy that closes both legs together.
 type forwarder struct {
 	s         *Server
 	ns        policy.Namespace
@@ -42,8 +42,7 @@ type exchange struct {
 	// client left; when only ours ends, a limit fired.
 	clientCtx context.Context
 	start     time.Time
-	rawTail   string
-	rawQuery  string
+	target    *url.URL // the upstream request URL (forwarder.target)
 	upgrade   bool
 	cancel    context.CancelFunc
 	total     *time.Timer
@@ -122,25 +121,11 @@ func canonicalAddr(u *url.URL) string {
 	return net.JoinHostPort(u.Hostname(), port)
 }
 
-func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQuery string) {
+// reverseProxy carries a request with a body, or a WebSocket upgrade, to
+// the upstream through httputil.ReverseProxy (see serve for the policy).
+func (f *forwarder) reverseProxy(w http.ResponseWriter, r *http.Request, target *url.URL, upgrade bool) {
 	l := f.limits
-	if r.ContentLength > l.MaxRequestBody {
-		plainError(w, http.StatusRequestEntityTooLarge)
-		return
-	}
-	upgrade := policy.IsWebSocketUpgrade(r.Header)
-	if r.ContentLength == 0 && !upgrade {
-		// No body to send (ReverseProxy would send none either) and no
-		// upgrade: the direct path.
-		f.direct(w, r, rawTail, rawQuery)
-		return
-	}
-	ex := &exchange{clientCtx: r.Context(), start: time.Now(), rawTail: rawTail, rawQuery: rawQuery, upgrade: upgrade}
-	if !ex.upgrade && r.Header.Get("Upgrade") != "" {
-		// Only WebSocket upgrades pass; anything else (h2c, TLS upgrade) is
-		// an ordinary request.
-		r.Header.Del("Upgrade")
-	}
+	ex := &exchange{clientCtx: r.Context(), start: time.Now(), target: target, upgrade: upgrade}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ex.cancel = cancel
@@ -178,25 +163,22 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 	out := pr.Out
 	out.URL.Scheme = f.upstream.Scheme
 	out.URL.Host = f.upstream.Host
-	// Opaque carries the raw tail byte for byte: the client's encoding is
-	// forwarded as sent, never re-encoded. The path check has already
-	// refused every form that could change meaning upstream.
-	// The base path loses a trailing slash first: "/" + "/x" would be "//x",
-	// which net/http even writes as the absolute-form target "http://x".
-	out.URL.Opaque = f.basePath + ex.rawTail
+	out.URL.Opaque = ex.target.Opaque
 	out.URL.RawPath = ""
-	out.URL.RawQuery = ex.rawQuery
+	out.URL.RawQuery = ex.target.RawQuery
 	out.URL.ForceQuery = false
 	out.Host = f.upstream.Host
-	// For WebSocket upgrades RequestHeaders re-creates Connection/Upgrade
-	// after stripping every hop-by-hop header the client sent.
-	policy.RequestHeaders(f.ns, out.Header, f.authority, pr.In.RemoteAddr, ex.upgrade)
+	// The header is the one serve's request policy produced: ReverseProxy's
+	// copy has lost what the policy set (it deletes X-Forwarded-* before
+	// Rewrite). For a WebSocket upgrade it holds the Connection and Upgrade
+	// the policy re-created, which ReverseProxy compares with the 101.
+	out.Header = pr.In.Header
 }
 
 func (f *forwarder) modifyResponse(resp *http.Response) error {
 	ex := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	f.s.metrics.UpstreamLatency(f.ns.String(), time.Since(ex.start))
-	policy.ResponseHeaders(f.ns, resp.Header, f.upstream)
+	f.responseHead(resp)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The body is the upgraded connection; no totals apply.
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
@@ -207,7 +189,6 @@ func (f *forwarder) modifyResponse(resp *http.Response) error {
 	if resp.ContentLength > f.limits.MaxResponseBody {
 		return errResponseTooLarge
 	}
-	policy.ResponseHeaders(f.ns, resp.Trailer, f.upstream) // the names ReverseProxy announces
 	ib := newIdleBody(resp.Body, f.limits.UpstreamIdleRead, f.limits.MaxResponseBody, ex.cancel)
 	// The trailers' values arrive with the body's end, and ReverseProxy
 	// copies them after reading it: the response policy applies then.
@@ -349,7 +330,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 		return 0, errResponseTooLarge
 	}
 	if err == io.EOF && b.trailers != nil {
-		policy.ResponseHeaders(b.f.ns, b.trailers.Trailer, b.f.upstream)
+		b.f.responsePolicy(b.trailers.Trailer)
 	}
 	return n, err
 }
@@ -370,7 +351,7 @@ type infoWriter struct {
 
 func (w *infoWriter) WriteHeader(code int) {
 	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
-		policy.ResponseHeaders(w.f.ns, w.Header(), w.f.upstream)
+		w.f.responsePolicy(w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

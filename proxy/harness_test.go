@@ -26,8 +26,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/internal/testfake"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // extraName is an additional name of every test front (identity SAN, SNI and
@@ -204,7 +204,7 @@ type harness struct {
 	logs  *logSink
 
 	api, dash *upstream
-	relay     *relaytest.Relay
+	relay     *testfake.Relay
 
 	served chan error
 }
@@ -215,6 +215,25 @@ type option func(*harness)
 func withLimits(f func(*Limits)) option { return func(h *harness) { f(&h.opts.Limits) } }
 
 func withOptions(f func(*Options)) option { return func(h *harness) { f(&h.opts) } }
+
+// forwardingPaths are the front as it runs (a request without a body takes
+// the direct path) and the front sending every request through the
+// ReverseProxy path: a test of the request matrix runs on both.
+var forwardingPaths = []struct {
+	name string
+	opt  option
+}{
+	{"direct", func(*harness) {}},
+	{"reverseproxy", withOptions(func(o *Options) { o.reverseProxyOnly = true })},
+}
+
+// onBothPaths runs test once per forwarding path, passing the option that
+// selects it.
+func onBothPaths(t *testing.T, test func(t *testing.T, path option)) {
+	for _, p := range forwardingPaths {
+		t.Run(p.name, func(t *testing.T) { test(t, p.opt) })
+	}
+}
 
 // testLimits are the contract's limits with a probe cache long enough that
 // probe counts are exact within one test.
@@ -234,7 +253,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	h := &harness{t: t, ln: ln, served: make(chan error, 1)}
 	h.port = ln.Addr().(*net.TCPAddr).Port
 	h.addr = ln.Addr().String()
-	h.api, h.dash, h.relay = newAPI(t), newDashboard(t), relaytest.New(t, nil)
+	h.api, h.dash, h.relay = newAPI(t), newDashboard(t), testfake.NewRelay(t, nil)
 	h.logs = &logSink{t: t}
 	h.idCfg = pinning.IdentityConfig{
 		StateDir:   t.TempDir() + "/s",
@@ -522,3 +541,24 @@ func wantStatus(t *testing.T, what string, resp *http.Response, want int) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// The "reverseproxy" option really moves a bodiless GET off the direct
+// path: only the direct path keeps connections in its own pool.
+func TestForwardingPathsSelectThePath(t *testing.T) {
+	for _, p := range forwardingPaths {
+		h := newHarness(t, p.opt)
+		resp, _ := h.get("/api/v1/x")
+		wantStatus(t, p.name+": GET /api/v1/x", resp, 200)
+		st := h.srv.state.Load()
+		pooled := func() int {
+			st.api.pool.mu.Lock()
+			defer st.api.pool.mu.Unlock()
+			return len(st.api.pool.idle)
+		}
+		if p.name == "direct" {
+			waitFor(t, "the direct path to pool its connection", func() bool { return pooled() > 0 })
+		} else if n := pooled(); n != 0 {
+			t.Errorf("%s: %d connections in the direct path's pool", p.name, n)
+		}
+	}
+}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hermes-securelink/securelink/metrics"
+	"github.com/hermes-securelink/securelink/internal/metrics"
 )
 
 // scrape serves the registry on a real loopback listener and reads it as

@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/metrics"
+	"github.com/hermes-securelink/securelink/internal/metrics"
 	"github.com/hermes-securelink/securelink/relay"
 )
 
@@ -107,6 +107,9 @@ type Options struct {
 	// records nothing.
 	Metrics *metrics.Front
 	Log     zerolog.Logger
+	// reverseProxyOnly sends every forwarded request through the
+	// ReverseProxy path (tests run the request matrix over both paths).
+	reverseProxyOnly bool
 }
 
 func (o *Options) validate() error {

@@ -14,14 +14,14 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/internal/testfake"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 func TestReloadRotatedIdentityKeepsOpenRelaySocket(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	echoWS(h.api)
 	pass := h.mustDialWS("/api/ws", "")
 
@@ -99,8 +99,8 @@ func TestReloadChangedAPIUpstream(t *testing.T) {
 func TestReloadChangedRelayKeepsEstablishedBridge(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
-	second := relaytest.New(t, nil)
+	testfake.Authenticate(t, c, testfake.GoodCode)
+	second := testfake.NewRelay(t, nil)
 	opts := h.opts
 	opts.Upstreams.Relay = second.URL
 	if err := h.srv.Reload(opts, h.id); err != nil {
@@ -111,7 +111,7 @@ func TestReloadChangedRelayKeepsEstablishedBridge(t *testing.T) {
 		t.Fatalf("established bridge after reload: %q %v", msg, err)
 	}
 	c2 := h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, c2, relaytest.GoodCode)
+	testfake.Authenticate(t, c2, testfake.GoodCode)
 	if h.relay.Upgrades.Load() != 1 || second.Upgrades.Load() != 1 {
 		t.Fatalf("upgrades: old relay %d, new relay %d; want 1 each", h.relay.Upgrades.Load(), second.Upgrades.Load())
 	}

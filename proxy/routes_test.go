@@ -38,69 +38,77 @@ func TestRejectedRawPathsNeverReachUpstream(t *testing.T) {
 }
 
 func TestOddButSafePathsReachUpstreamByteForByte(t *testing.T) {
-	h := newHarness(t)
-	cases := []struct{ target, api, dash string }{
-		{"/v1/a%20b?x=%2F&y=1+2", "/v1/a%20b?x=%2F&y=1+2", ""},
-		{"/A%7eb/c%3Bd;p=1?q=%26%3D%zz&&z", "/A%7eb/c%3Bd;p=1?q=%26%3D%zz&&z", ""},
-		{"/x/?a=b/../c&d=%2e%2e", "/x/?a=b/../c&d=%2e%2e", ""},
-		{"/%252e%252e/x", "/%252e%252e/x", ""},
-		{"/~user/@a:b/$!*'(),", "/~user/@a:b/$!*'(),", ""},
-		{"/...", "/...", ""},
-		{"/", "/", ""},
-	}
-	for _, c := range cases {
-		for _, prefix := range []string{"/api", "/dashboard"} {
-			up := h.api
-			if prefix == "/dashboard" {
-				up = h.dash
-			}
-			resp, body := h.rawReq("GET", prefix+c.target)
-			if resp.StatusCode != http.StatusOK {
-				t.Errorf("GET %s%s: status %d (%s)", prefix, c.target, resp.StatusCode, body)
-				continue
-			}
-			if got := up.last().RequestURI; got != c.api {
-				t.Errorf("GET %s%s: upstream got %q, want %q", prefix, c.target, got, c.api)
+	onBothPaths(t, func(t *testing.T, path option) {
+		h := newHarness(t, path)
+		cases := []struct{ target, api, dash string }{
+			{"/v1/a%20b?x=%2F&y=1+2", "/v1/a%20b?x=%2F&y=1+2", ""},
+			{"/A%7eb/c%3Bd;p=1?q=%26%3D%zz&&z", "/A%7eb/c%3Bd;p=1?q=%26%3D%zz&&z", ""},
+			{"/x/?a=b/../c&d=%2e%2e", "/x/?a=b/../c&d=%2e%2e", ""},
+			{"/%252e%252e/x", "/%252e%252e/x", ""},
+			{"/~user/@a:b/$!*'(),", "/~user/@a:b/$!*'(),", ""},
+			{"/...", "/...", ""},
+			{"/", "/", ""},
+		}
+		for _, c := range cases {
+			for _, prefix := range []string{"/api", "/dashboard"} {
+				up := h.api
+				if prefix == "/dashboard" {
+					up = h.dash
+				}
+				resp, body := h.rawReq("GET", prefix+c.target)
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("GET %s%s: status %d (%s)", prefix, c.target, resp.StatusCode, body)
+					continue
+				}
+				if got := up.last().RequestURI; got != c.api {
+					t.Errorf("GET %s%s: upstream got %q, want %q", prefix, c.target, got, c.api)
+				}
 			}
 		}
-	}
+	})
 }
 
 func TestEmptyDashboardTailIsRoot(t *testing.T) {
-	h := newHarness(t)
-	resp, _ := h.rawReq("GET", "/dashboard/?tab=1")
-	wantStatus(t, "/dashboard/", resp, 200)
-	if got := h.dash.last().RequestURI; got != "/?tab=1" {
-		t.Fatalf("dashboard got %q, want /?tab=1", got)
-	}
+	onBothPaths(t, func(t *testing.T, path option) {
+		h := newHarness(t, path)
+		resp, _ := h.rawReq("GET", "/dashboard/?tab=1")
+		wantStatus(t, "/dashboard/", resp, 200)
+		if got := h.dash.last().RequestURI; got != "/?tab=1" {
+			t.Fatalf("dashboard got %q, want /?tab=1", got)
+		}
+	})
 }
 
 // An upstream configured with a trailing slash still gets "/x", never "//x"
 // (which Go would even send as an absolute-form "http://x" target).
 func TestUpstreamBaseWithTrailingSlashJoinsCleanly(t *testing.T) {
-	h := newHarness(t, withOptions(func(o *Options) {
-		u := *o.Upstreams.API
-		u.Path = "/"
-		o.Upstreams.API = &u
-	}))
-	resp, body := h.rawReq("GET", "/api/v1/x?y=1")
-	wantStatus(t, "GET /api/v1/x", resp, 200)
-	if got := h.api.last().RequestURI; got != "/v1/x?y=1" {
-		t.Fatalf("upstream got %q, want /v1/x?y=1 (%s)", got, body)
-	}
+	onBothPaths(t, func(t *testing.T, path option) {
+		h := newHarness(t, path, withOptions(func(o *Options) {
+			u := *o.Upstreams.API
+			u.Path = "/"
+			o.Upstreams.API = &u
+		}))
+		resp, body := h.rawReq("GET", "/api/v1/x?y=1")
+		wantStatus(t, "GET /api/v1/x", resp, 200)
+		if got := h.api.last().RequestURI; got != "/v1/x?y=1" {
+			t.Fatalf("upstream got %q, want /v1/x?y=1 (%s)", got, body)
+		}
+	})
 }
 
 func TestUpstreamBasePathIsPrefixed(t *testing.T) {
-	h := newHarness(t, withOptions(func(o *Options) {
-		u := *o.Upstreams.API
-		u.Path = "/base"
-		o.Upstreams.API = &u
-	}))
-	resp, _ := h.rawReq("GET", "/api/v1/x?y=1")
-	wantStatus(t, "GET /api/v1/x", resp, 200)
-	if got := h.api.last().RequestURI; got != "/base/v1/x?y=1" {
-		t.Fatalf("upstream got %q, want /base/v1/x?y=1", got)
-	}
+	onBothPaths(t, func(t *testing.T, path option) {
+		h := newHarness(t, path, withOptions(func(o *Options) {
+			u := *o.Upstreams.API
+			u.Path = "/base"
+			o.Upstreams.API = &u
+		}))
+		resp, _ := h.rawReq("GET", "/api/v1/x?y=1")
+		wantStatus(t, "GET /api/v1/x", resp, 200)
+		if got := h.api.last().RequestURI; got != "/base/v1/x?y=1" {
+			t.Fatalf("upstream got %q, want /base/v1/x?y=1", got)
+		}
+	})
 }
 
 func TestUnknownRoutesAre404(t *testing.T) {

@@ -4,7 +4,7 @@
 // The request path is deliberately narrow: method and request-target checks,
 // the Host check, then a fixed split of the raw path into a namespace. No
 // client input ever selects an upstream, and each namespace keeps its own
-// credential (see proxy/policy for the header table).
+// credential (see internal/policy for the header table).
 //
 // Every listener is served by the same http.Server, so a connection that
 // arrives through a Reach broker stream takes exactly the policy path of one
@@ -27,21 +27,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/metrics"
+	"github.com/hermes-securelink/securelink/internal/metrics"
+	"github.com/hermes-securelink/securelink/internal/policy"
+	"github.com/hermes-securelink/securelink/internal/probe"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/proxy/policy"
-	"github.com/hermes-securelink/securelink/proxy/probe"
 	"github.com/hermes-securelink/securelink/relay"
 )
-
-// BrokerConn is implemented by connections that arrived through a Reach
-// broker stream. The connection context of such a connection is marked so
-// the /relay bridge can apply the route-credential handoff and the shared
-// "reach" auth-failure source.
-type BrokerConn interface {
-	net.Conn
-	FromBroker() bool
-}
 
 // Server is the front. Create it with New, serve listeners with Serve, apply
 // configuration and identity changes with Reload, stop it with Shutdown.
@@ -61,10 +52,11 @@ type Server struct {
 	sniRejected atomic.Uint64
 	metrics     *metrics.Front
 
-	mu       sync.Mutex
-	upgraded map[net.Conn]struct{}     // byte-level upgrades, closed on Shutdown
-	streams  map[*eventStream]struct{} // open event streams, ended on Shutdown
-	closing  bool
+	mu               sync.Mutex
+	upgraded         map[net.Conn]struct{}     // byte-level upgrades, closed on Shutdown
+	streams          map[*eventStream]struct{} // open event streams, ended on Shutdown
+	closing          bool
+	reverseProxyOnly bool // Options.reverseProxyOnly
 }
 
 // state is everything Reload replaces at once; requests read one snapshot.
@@ -84,7 +76,8 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}, streams: map[*eventStream]struct{}{}}
+	s := &Server{log: opts.Log, metrics: opts.Metrics, upgraded: map[net.Conn]struct{}{}, streams: map[*eventStream]struct{}{},
+		reverseProxyOnly: opts.reverseProxyOnly}
 	s.prober = probe.New(probe.Options{
 		Interval: opts.Limits.ProbeInterval,
 		Timeout:  opts.Limits.ProbeTimeout,
@@ -124,15 +117,7 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 		// answers it itself, outside every check of ServeHTTP.
 		DisableGeneralOptionsHandler: true,
 		ErrorLog:                     log.New(serverErrorLog{log: opts.Log, event: "http_server", metrics: opts.Metrics}, "", 0),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			if tc, ok := c.(*tls.Conn); ok {
-				c = tc.NetConn()
-			}
-			if bc, ok := c.(BrokerConn); ok && bc.FromBroker() {
-				return relay.WithBrokerStream(ctx)
-			}
-			return ctx
-		},
+		ConnContext:                  connContext,
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams:          250,
 			MaxReceiveBufferPerStream:     1 << 20,

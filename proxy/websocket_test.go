@@ -11,7 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // --- /relay/ws: the message-level bridge through the real front ---
@@ -19,7 +19,7 @@ import (
 func TestRelayMessagesEchoInOrder(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("auth verdict %s, want the Relay's auth.ok unchanged", got)
 	}
 	const n = 60
@@ -52,17 +52,17 @@ func TestRelayMessagesEchoInOrder(t *testing.T) {
 func TestRelayCloseCode4000ArrivesAs4000(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	wsSend(t, c, websocket.MessageText, []byte("close4000"))
 	_, _, err := wsRead(c)
-	if e := relaytest.EndOf(err); e.Code != 4000 || e.Reason != "relay bye" {
+	if e := testfake.EndOf(err); e.Code != 4000 || e.Reason != "relay bye" {
 		t.Fatalf("client saw %+v, want 4000 \"relay bye\"", e)
 	}
 	h.relay.NextEnd()
 
 	// And the other way round: the client's code reaches the Relay.
 	c = h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	c.Close(4123, "client bye")
 	if e := h.relay.NextEnd(); e.Code != 4123 || e.Reason != "client bye" {
 		t.Fatalf("relay saw %+v, want 4123 \"client bye\"", e)
@@ -73,10 +73,10 @@ func TestRelayAuthFailuresBlockOnlyThatSource(t *testing.T) {
 	h := newHarness(t)
 	for i := range 5 {
 		c := h.mustDialWS("/relay/ws", "127.0.0.1")
-		if got := relaytest.Authenticate(t, c, "WRONG"); got != relaytest.AuthFailMsg {
+		if got := testfake.Authenticate(t, c, "WRONG"); got != testfake.AuthFailMsg {
 			t.Fatalf("attempt %d: verdict %s", i, got)
 		}
-		if _, _, err := wsRead(c); relaytest.EndOf(err).Code != websocket.StatusPolicyViolation {
+		if _, _, err := wsRead(c); testfake.EndOf(err).Code != websocket.StatusPolicyViolation {
 			t.Fatalf("attempt %d: after auth.fail %v, want the Relay's 1008", i, err)
 		}
 		h.relay.NextEnd()
@@ -93,7 +93,7 @@ func TestRelayAuthFailuresBlockOnlyThatSource(t *testing.T) {
 	}
 	// Another source is not blocked at the front, even with the right code.
 	c := h.mustDialWS("/relay/ws", "127.0.0.2")
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("other source: verdict %s", got)
 	}
 	wsSend(t, c, websocket.MessageText, []byte("still here"))
@@ -105,7 +105,7 @@ func TestRelayAuthFailuresBlockOnlyThatSource(t *testing.T) {
 		t.Fatal("blocked source unblocked by another source's success")
 	}
 	// No verdict secret reaches the logs.
-	for _, secret := range []string{relaytest.GoodCode, relaytest.SessionToken, "WRONG"} {
+	for _, secret := range []string{testfake.GoodCode, testfake.SessionToken, "WRONG"} {
 		if strings.Contains(h.logs.String(), secret) {
 			t.Errorf("log contains %q", secret)
 		}
@@ -157,7 +157,7 @@ func TestRelayUpgradeCarriesOnlyAllowedHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	last := h.relay.LastRequest()
 	got, uri := last.Header, last.RequestURI
 	if uri != "/ws?v=2&device=x" {
@@ -185,7 +185,7 @@ func TestRelayProxySecretSentOnlyWhenConfigured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	got := h.relay.LastRequest().Header
 	if v := got.Values("X-Hermes-Proxy-Secret"); len(v) != 1 || v[0] != "configured-proxy-secret" {
 		t.Errorf("X-Hermes-Proxy-Secret %q", v)
@@ -204,11 +204,11 @@ func TestRelayProxySecretSentOnlyWhenConfigured(t *testing.T) {
 // "echo:"; "drop" makes it drop the TCP connection, "close4002" close with
 // 4002.
 type wsEcho struct {
-	ends chan relaytest.End
+	ends chan testfake.End
 }
 
 func echoWS(u *upstream, protos ...string) *wsEcho {
-	e := &wsEcho{ends: make(chan relaytest.End, 8)}
+	e := &wsEcho{ends: make(chan testfake.End, 8)}
 	u.handle(func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true, Subprotocols: protos})
 		if err != nil {
@@ -218,21 +218,21 @@ func echoWS(u *upstream, protos ...string) *wsEcho {
 		for {
 			typ, msg, err := c.Read(ctx)
 			if err != nil {
-				e.ends <- relaytest.EndOf(err)
+				e.ends <- testfake.EndOf(err)
 				return
 			}
 			switch string(msg) {
 			case "drop":
 				c.CloseNow()
-				e.ends <- relaytest.End{Code: -2, Reason: "upstream dropped"}
+				e.ends <- testfake.End{Code: -2, Reason: "upstream dropped"}
 				return
 			case "close4002":
 				c.Close(4002, "upstream bye")
-				e.ends <- relaytest.End{Code: 4002, Reason: "upstream closed"}
+				e.ends <- testfake.End{Code: 4002, Reason: "upstream closed"}
 				return
 			}
 			if err := c.Write(ctx, typ, append([]byte("echo:"), msg...)); err != nil {
-				e.ends <- relaytest.EndOf(err)
+				e.ends <- testfake.EndOf(err)
 				return
 			}
 		}
@@ -240,14 +240,14 @@ func echoWS(u *upstream, protos ...string) *wsEcho {
 	return e
 }
 
-func (e *wsEcho) nextEnd(t *testing.T) relaytest.End {
+func (e *wsEcho) nextEnd(t *testing.T) testfake.End {
 	t.Helper()
 	select {
 	case x := <-e.ends:
 		return x
 	case <-time.After(testTimeout):
 		t.Fatal("upstream WebSocket did not end")
-		return relaytest.End{}
+		return testfake.End{}
 	}
 }
 
@@ -317,14 +317,14 @@ func TestPassThroughUpstreamCloseClosesClient(t *testing.T) {
 	// A close frame passes byte for byte.
 	c := h.mustDialWS("/api/ws", "")
 	wsSend(t, c, websocket.MessageText, []byte("close4002"))
-	if _, _, err := wsRead(c); relaytest.EndOf(err).Code != 4002 {
+	if _, _, err := wsRead(c); testfake.EndOf(err).Code != 4002 {
 		t.Fatalf("client saw %v, want 4002", err)
 	}
 	e.nextEnd(t)
 	// An upstream that drops TCP takes the client leg with it.
 	c = h.mustDialWS("/api/ws", "")
 	wsSend(t, c, websocket.MessageText, []byte("drop"))
-	if _, _, err := wsRead(c); err == nil || relaytest.EndOf(err).Code != -1 {
+	if _, _, err := wsRead(c); err == nil || testfake.EndOf(err).Code != -1 {
 		t.Fatalf("after the upstream dropped: %v, want the connection closed", err)
 	}
 	e.nextEnd(t)
@@ -359,7 +359,7 @@ func TestUpgradedConnectionsOutliveServerTimeouts(t *testing.T) {
 	echoWS(h.api)
 	pass := h.mustDialWS("/api/ws", "")
 	bridged := h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, bridged, relaytest.GoodCode)
+	testfake.Authenticate(t, bridged, testfake.GoodCode)
 	time.Sleep(800 * time.Millisecond) // four times every server timeout
 	echoRoundTrip(t, pass)
 	wsSend(t, bridged, websocket.MessageText, []byte("late"))
@@ -374,7 +374,7 @@ func TestShutdownClosesUpgradedConnections(t *testing.T) {
 	pass := h.mustDialWS("/api/ws", "")
 	echoRoundTrip(t, pass)
 	bridged := h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, bridged, relaytest.GoodCode)
+	testfake.Authenticate(t, bridged, testfake.GoodCode)
 	if h.srv.ActiveUpgrades() != 1 || h.srv.Bridge().Active() != 1 {
 		t.Fatalf("before shutdown: %d pass-throughs, %d bridged", h.srv.ActiveUpgrades(), h.srv.Bridge().Active())
 	}
@@ -389,7 +389,7 @@ func TestShutdownClosesUpgradedConnections(t *testing.T) {
 	if err := h.srv.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
-	if err := <-bridgedEnd; relaytest.EndOf(err).Code != websocket.StatusGoingAway {
+	if err := <-bridgedEnd; testfake.EndOf(err).Code != websocket.StatusGoingAway {
 		t.Fatalf("bridged client saw %v, want 1001", err)
 	}
 	if x := h.relay.NextEnd(); x.Code != websocket.StatusGoingAway {
@@ -418,14 +418,14 @@ func TestShutdownClosesUpgradedConnections(t *testing.T) {
 func TestRelayMessageSizeLimit(t *testing.T) {
 	h := newHarness(t)
 	c := h.mustDialWS("/relay/ws", "")
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	exact := make([]byte, 4<<20)
 	wsSend(t, c, websocket.MessageBinary, exact)
 	if typ, msg, err := wsRead(c); err != nil || typ != websocket.MessageBinary || len(msg) != len(exact) {
 		t.Fatalf("4 MiB message: %v %d bytes %v", typ, len(msg), err)
 	}
 	wsSend(t, c, websocket.MessageBinary, make([]byte, 4<<20+1))
-	if _, _, err := wsRead(c); relaytest.EndOf(err).Code != websocket.StatusMessageTooBig {
+	if _, _, err := wsRead(c); testfake.EndOf(err).Code != websocket.StatusMessageTooBig {
 		t.Fatalf("client after an oversize message: %v, want 1009", err)
 	}
 	if x := h.relay.NextEnd(); x.Code != websocket.StatusMessageTooBig {
@@ -433,20 +433,43 @@ func TestRelayMessageSizeLimit(t *testing.T) {
 	}
 }
 
-// brokerListener marks every accepted connection as having arrived through a
-// Reach broker stream, as the Reach connector's listener does.
-type brokerListener struct{ net.Listener }
+// claimsBroker is a listener whose connections carry a FromBroker method,
+// as the connector's streams once did: serving it with Serve must not make
+// them Reach connections (only ServeReach decides that).
+type claimsBroker struct{ net.Listener }
 
-type brokerConn struct{ net.Conn }
+type claimingConn struct{ net.Conn }
 
-func (brokerConn) FromBroker() bool { return true }
+func (claimingConn) FromBroker() bool { return true }
 
-func (l brokerListener) Accept() (net.Conn, error) {
+func (l claimsBroker) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return brokerConn{c}, nil
+	return claimingConn{c}, nil
+}
+
+// "Arrived through Reach" comes from the listener, never from what a
+// connection type claims about itself.
+func TestOnlyServeReachMarksReachConnections(t *testing.T) {
+	h := newHarness(t, withOptions(func(o *Options) { o.ProxySecret = "configured-proxy-secret" }))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h.srv.Serve(claimsBroker{ln})
+	c, _, err := h.dialWSWith("/relay/ws", wsOpts{localIP: "127.0.0.2", via: ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
+		t.Fatalf("auth: %s", got)
+	}
+	if peer := h.relay.LastRequest().Header.Get("X-Hermes-Proxy-Peer"); peer != "127.0.0.2" {
+		t.Fatalf("a connection served by Serve has peer %q, want its own address", peer)
+	}
 }
 
 // Every broker-arrived connection shares the single source "reach": their
@@ -458,7 +481,7 @@ func TestBrokerConnectionsShareOneAuthFailureSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go h.srv.Serve(brokerListener{ln})
+	go h.srv.ServeReach(ln)
 	viaBroker := func(src string) (*websocket.Conn, *http.Response, error) {
 		return h.dialWSWith("/relay/ws", wsOpts{localIP: src, via: ln.Addr().String()})
 	}
@@ -469,7 +492,7 @@ func TestBrokerConnectionsShareOneAuthFailureSource(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := relaytest.Authenticate(t, c, "WRONG"); got != relaytest.AuthFailMsg {
+		if got := testfake.Authenticate(t, c, "WRONG"); got != testfake.AuthFailMsg {
 			t.Fatalf("attempt %d: %s", i, got)
 		}
 		if hdr := h.relay.LastRequest().Header; hdr.Get("X-Hermes-Proxy-Peer") != "reach" {
@@ -483,7 +506,7 @@ func TestBrokerConnectionsShareOneAuthFailureSource(t *testing.T) {
 		}
 	}
 	c := h.mustDialWS("/relay/ws", "127.0.0.1")
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("direct client after reach was blocked: %s", got)
 	}
 	if hdr := h.relay.LastRequest().Header; hdr.Get("X-Hermes-Proxy-Peer") != "127.0.0.1" {

@@ -15,7 +15,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // The benchmarks compare a client talking to an echoing Relay directly with
@@ -30,12 +30,12 @@ func echoRelay(tb testing.TB) *httptest.Server {
 			return
 		}
 		defer c.CloseNow()
-		c.SetReadLimit(relaytest.MaxMessage + 1)
+		c.SetReadLimit(testfake.MaxMessage + 1)
 		ctx := context.Background()
 		if _, _, err := c.Read(ctx); err != nil {
 			return
 		}
-		if c.Write(ctx, websocket.MessageText, []byte(relaytest.AuthOKMsg)) != nil {
+		if c.Write(ctx, websocket.MessageText, []byte(testfake.AuthOKMsg)) != nil {
 			return
 		}
 		buf := make([]byte, 0, 4096)
@@ -124,11 +124,11 @@ func benchDial(b *testing.B, t benchTarget) *websocket.Conn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c.SetReadLimit(relaytest.MaxMessage + 1)
-	if err := c.Write(ctx, websocket.MessageText, relaytest.AuthFrame(relaytest.GoodCode)); err != nil {
+	c.SetReadLimit(testfake.MaxMessage + 1)
+	if err := c.Write(ctx, websocket.MessageText, testfake.AuthFrame(testfake.GoodCode)); err != nil {
 		b.Fatal(err)
 	}
-	if _, msg, err := c.Read(ctx); err != nil || string(msg) != relaytest.AuthOKMsg {
+	if _, msg, err := c.Read(ctx); err != nil || string(msg) != testfake.AuthOKMsg {
 		b.Fatalf("auth: %q %v", msg, err)
 	}
 	return c

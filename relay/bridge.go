@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-
-	"github.com/hermes-securelink/securelink/proxy/policy"
 	"github.com/rs/zerolog"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/hermes-securelink/securelink/internal/policy"
 )
 
 // Upgrade headers the bridge adds for a Relay that reads a configured secret.

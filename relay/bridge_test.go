@@ -15,13 +15,13 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 func TestBridgeRelaysTextAndBinaryInOrder(t *testing.T) {
 	_, _, front := setup(t, nil, nil)
 	c := mustDial(t, front, dialOpt{})
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("auth.ok changed on the way: %s", got)
 	}
 	type msg struct {
@@ -52,8 +52,8 @@ func TestBridgeMessageSizeLimit(t *testing.T) {
 	t.Run("exactly 4 MiB passes both ways", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
-		payload := bytes.Repeat([]byte{'z'}, relaytest.MaxMessage)
+		testfake.Authenticate(t, c, testfake.GoodCode)
+		payload := bytes.Repeat([]byte{'z'}, testfake.MaxMessage)
 		send(t, c, websocket.MessageBinary, payload)
 		typ, data, err := readMsg(t, c)
 		if err != nil || typ != websocket.MessageBinary || !bytes.Equal(data, payload) {
@@ -61,17 +61,17 @@ func TestBridgeMessageSizeLimit(t *testing.T) {
 		}
 		send(t, c, websocket.MessageText, []byte("exact"))
 		_, data, err = readMsg(t, c)
-		if err != nil || len(data) != relaytest.MaxMessage {
+		if err != nil || len(data) != testfake.MaxMessage {
 			t.Fatalf("relay's 4 MiB message: %d bytes, err %v", len(data), err)
 		}
 	})
 	t.Run("client sends 4 MiB + 1", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
-		send(t, c, websocket.MessageBinary, make([]byte, relaytest.MaxMessage+1))
+		testfake.Authenticate(t, c, testfake.GoodCode)
+		send(t, c, websocket.MessageBinary, make([]byte, testfake.MaxMessage+1))
 		_, _, err := readMsg(t, c)
-		if got := relaytest.EndOf(err).Code; got != websocket.StatusMessageTooBig {
+		if got := testfake.EndOf(err).Code; got != websocket.StatusMessageTooBig {
 			t.Fatalf("client saw %v, want 1009", err)
 		}
 		if got := relay.NextEnd().Code; got != websocket.StatusMessageTooBig {
@@ -81,10 +81,10 @@ func TestBridgeMessageSizeLimit(t *testing.T) {
 	t.Run("relay sends 4 MiB + 1", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		send(t, c, websocket.MessageText, []byte("big"))
 		_, _, err := readMsg(t, c)
-		if got := relaytest.EndOf(err).Code; got != websocket.StatusMessageTooBig {
+		if got := testfake.EndOf(err).Code; got != websocket.StatusMessageTooBig {
 			t.Fatalf("client saw %v, want 1009", err)
 		}
 		if got := relay.NextEnd().Code; got != websocket.StatusMessageTooBig {
@@ -97,50 +97,50 @@ func TestBridgeCloseCodes(t *testing.T) {
 	t.Run("relay 4000 reaches the client with its reason", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		send(t, c, websocket.MessageText, []byte("close4000"))
 		_, _, err := readMsg(t, c)
-		if got := relaytest.EndOf(err); got != (relaytest.End{Code: 4000, Reason: "relay bye"}) {
+		if got := testfake.EndOf(err); got != (testfake.End{Code: 4000, Reason: "relay bye"}) {
 			t.Fatalf("client saw %+v, want 4000 \"relay bye\"", got)
 		}
 	})
 	t.Run("client 4000 reaches the relay with its reason", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		if err := c.Close(4000, "client bye"); err != nil {
 			t.Fatalf("client close handshake: %v", err)
 		}
-		if got := relay.NextEnd(); got != (relaytest.End{Code: 4000, Reason: "client bye"}) {
+		if got := relay.NextEnd(); got != (testfake.End{Code: 4000, Reason: "client bye"}) {
 			t.Fatalf("relay saw %+v, want 4000 \"client bye\"", got)
 		}
 	})
 	t.Run("client 1000 reaches the relay", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		_ = c.Close(websocket.StatusNormalClosure, "")
-		if got := relay.NextEnd(); got != (relaytest.End{Code: websocket.StatusNormalClosure, Reason: ""}) {
+		if got := relay.NextEnd(); got != (testfake.End{Code: websocket.StatusNormalClosure, Reason: ""}) {
 			t.Fatalf("relay saw %+v, want 1000", got)
 		}
 	})
 	t.Run("relay close without status stays without status", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		send(t, c, websocket.MessageText, []byte("closeNoStatus"))
 		_, _, err := readMsg(t, c)
-		if got := relaytest.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
+		if got := testfake.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
 			t.Fatalf("client saw %v, want a close frame without status (1005)", err)
 		}
 	})
 	t.Run("relay dropping the socket (1006) becomes a close without status", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		send(t, c, websocket.MessageText, []byte("drop"))
 		_, _, err := readMsg(t, c)
-		if got := relaytest.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
+		if got := testfake.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
 			t.Fatalf("client saw %v, want a close frame without status (1005)", err)
 		}
 	})
@@ -182,7 +182,7 @@ func TestBridgeRelayDownIs502(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 	o := testOptions(t, relay)
 	o.Upstream.Host = addr // nothing listens there any more
 	b := newBridge(t, o)
@@ -198,7 +198,7 @@ func TestBridgeRelayDownIs502(t *testing.T) {
 
 func TestBridgePassesRelayRefusalStatus(t *testing.T) {
 	for _, status := range []int{http.StatusTooManyRequests, http.StatusUnauthorized, http.StatusServiceUnavailable} {
-		relay, _, front := setup(t, func(f *relaytest.Relay) { f.Refuse.Store(int32(status)) }, nil)
+		relay, _, front := setup(t, func(f *testfake.Relay) { f.Refuse.Store(int32(status)) }, nil)
 		_, resp, err := dial(t, front, dialOpt{})
 		if err == nil || resp == nil || resp.StatusCode != status {
 			t.Fatalf("relay refused with %d: got err %v resp %v", status, err, resp)
@@ -281,7 +281,7 @@ func TestBridgeBlocksSourceAfterAuthFailures(t *testing.T) {
 	}
 	// Another source is unaffected.
 	c := mustDial(t, front, dialOpt{localIP: "127.0.0.2"})
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("127.0.0.2 got %s", got)
 	}
 	if _, blocked := b.limiter.blocked("127.0.0.2/32"); blocked {
@@ -295,7 +295,7 @@ func TestBridgeFourFailuresDoNotBlock(t *testing.T) {
 		failAuth(t, front, "127.0.0.1")
 	}
 	c := mustDial(t, front, dialOpt{localIP: "127.0.0.1"})
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("got %s", got)
 	}
 }
@@ -321,7 +321,7 @@ func TestBridgeUpstreamHeaders(t *testing.T) {
 	t.Run("without proxy secret", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{header: client.Clone(), protos: []string{"hermes.v1"}})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		got := relay.LastRequest().Header
 		names := headerNames(got)
 		slices.Sort(names)
@@ -337,7 +337,7 @@ func TestBridgeUpstreamHeaders(t *testing.T) {
 	t.Run("with proxy secret", func(t *testing.T) {
 		relay, _, front := setup(t, nil, func(o *Options) { o.ProxySecret = "s3cret-value" })
 		c := mustDial(t, front, dialOpt{header: client.Clone()})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		got := relay.LastRequest().Header
 		names := headerNames(got)
 		slices.Sort(names)
@@ -357,7 +357,7 @@ func TestBridgeUpstreamHeaders(t *testing.T) {
 	t.Run("no User-Agent invented", func(t *testing.T) {
 		relay, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{header: http.Header{"User-Agent": {""}}})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		if ua, ok := relay.LastRequest().Header["User-Agent"]; ok {
 			t.Fatalf("upstream got User-Agent %q", ua)
 		}
@@ -368,7 +368,7 @@ func TestBridgePreservesRawQuery(t *testing.T) {
 	relay, _, front := setup(t, nil, nil)
 	const q = "profile=a%2Fb&x=%20y+z&flag&ticket=AbC-_~.%7E"
 	c := mustDial(t, front, dialOpt{query: q})
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	r := relay.LastRequest()
 	if r.URL.RawQuery != q || r.URL.Path != "/ws" {
 		t.Fatalf("upstream got %q ? %q, want /ws ? %q", r.URL.Path, r.URL.RawQuery, q)
@@ -376,7 +376,7 @@ func TestBridgePreservesRawQuery(t *testing.T) {
 }
 
 func TestBridgeReturnsRelaySelectedSubprotocol(t *testing.T) {
-	relay, _, front := setup(t, func(f *relaytest.Relay) { f.Subprotocols = []string{"hermes.v2"} }, nil)
+	relay, _, front := setup(t, func(f *testfake.Relay) { f.Subprotocols = []string{"hermes.v2"} }, nil)
 	c := mustDial(t, front, dialOpt{protos: []string{"hermes.v1", "hermes.v2"}})
 	if got := c.Subprotocol(); got != "hermes.v2" {
 		t.Fatalf("client got subprotocol %q, want the relay's hermes.v2", got)
@@ -397,7 +397,7 @@ func TestBridgeReturnsRelaySelectedSubprotocol(t *testing.T) {
 func TestBridgeShutdownSends1001(t *testing.T) {
 	relay, b, front := setup(t, nil, nil)
 	c := mustDial(t, front, dialOpt{})
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	waitFor(t, "session registered", func() bool { return b.Active() == 1 })
 	readErr := make(chan error, 1)
 	go func() {
@@ -409,7 +409,7 @@ func TestBridgeShutdownSends1001(t *testing.T) {
 	if err := b.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
-	if got := relaytest.EndOf(<-readErr).Code; got != websocket.StatusGoingAway {
+	if got := testfake.EndOf(<-readErr).Code; got != websocket.StatusGoingAway {
 		t.Fatalf("client saw close %d, want 1001", got)
 	}
 	if got := relay.NextEnd().Code; got != websocket.StatusGoingAway {
@@ -437,13 +437,13 @@ func TestBridgeActiveCountsSessions(t *testing.T) {
 
 func TestBridgeUpdateAppliesToNewConnections(t *testing.T) {
 	relay1, b, front := setup(t, nil, nil)
-	relay2 := relaytest.New(t, nil)
+	relay2 := testfake.NewRelay(t, nil)
 	old := mustDial(t, front, dialOpt{})
-	relaytest.Authenticate(t, old, relaytest.GoodCode)
+	testfake.Authenticate(t, old, testfake.GoodCode)
 
 	b.Update(relay2.URL, "new-secret")
 	c := mustDial(t, front, dialOpt{})
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	if n := len(relay2.Requests()); n != 1 {
 		t.Fatalf("relay2 saw %d upgrades", n)
 	}
@@ -461,7 +461,7 @@ func TestBridgeUpdateAppliesToNewConnections(t *testing.T) {
 	// An invalid reload keeps the previous upstream.
 	b.Update(nil, "")
 	c3 := mustDial(t, front, dialOpt{})
-	relaytest.Authenticate(t, c3, relaytest.GoodCode)
+	testfake.Authenticate(t, c3, testfake.GoodCode)
 	if n := len(relay2.Requests()); n != 2 {
 		t.Fatalf("after invalid Update relay2 saw %d upgrades, want 2", n)
 	}
@@ -501,7 +501,7 @@ func (h *recordingHandoff) snapshot() (int, []byte, []byte, bool) {
 }
 
 func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 	hook := &recordingHandoff{}
 	o := testOptions(t, relay)
 	o.Handoff = hook
@@ -511,7 +511,7 @@ func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
 
 	// Direct connection: never handed off, even with Handoff configured.
 	d := mustDial(t, directFront, dialOpt{})
-	if got := relaytest.Authenticate(t, d, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, d, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("direct client got %s", got)
 	}
 	if calls, _, _, _ := hook.snapshot(); calls != 0 {
@@ -519,17 +519,17 @@ func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
 	}
 
 	c := mustDial(t, brokerFront, dialOpt{})
-	got := relaytest.Authenticate(t, c, relaytest.GoodCode)
+	got := testfake.Authenticate(t, c, testfake.GoodCode)
 	if !strings.Contains(got, routeMark) {
 		t.Fatalf("broker client got %s, want the handed-off auth.ok", got)
 	}
 	calls, clientAuth, authOK, hadDeadline := hook.snapshot()
-	if calls != 1 || !bytes.Equal(clientAuth, relaytest.AuthFrame(relaytest.GoodCode)) || string(authOK) != relaytest.AuthOKMsg || !hadDeadline {
+	if calls != 1 || !bytes.Equal(clientAuth, testfake.AuthFrame(testfake.GoodCode)) || string(authOK) != testfake.AuthOKMsg || !hadDeadline {
 		t.Fatalf("handoff: calls %d clientAuth %s authOK %s deadline %v", calls, clientAuth, authOK, hadDeadline)
 	}
 	// A later auth.ok-looking message (echoed) is not handed off again.
-	send(t, c, websocket.MessageText, []byte(relaytest.AuthOKMsg))
-	if _, msg, err := readMsg(t, c); err != nil || string(msg) != relaytest.AuthOKMsg {
+	send(t, c, websocket.MessageText, []byte(testfake.AuthOKMsg))
+	if _, msg, err := readMsg(t, c); err != nil || string(msg) != testfake.AuthOKMsg {
 		t.Fatalf("second auth.ok: %s %v", msg, err)
 	}
 	if calls, _, _, _ := hook.snapshot(); calls != 1 {
@@ -538,7 +538,7 @@ func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
 }
 
 func TestBridgeHandoffTimeoutForwardsUnchanged(t *testing.T) {
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 	hook := &recordingHandoff{block: true}
 	o := testOptions(t, relay)
 	o.Handoff = hook
@@ -546,7 +546,7 @@ func TestBridgeHandoffTimeoutForwardsUnchanged(t *testing.T) {
 	b := newBridge(t, o)
 	front := frontFor(t, b, true)
 	c := mustDial(t, front, dialOpt{})
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("got %s, want the Relay's auth.ok unchanged", got)
 	}
 	// Messages after the auth.ok still flow.
@@ -557,7 +557,7 @@ func TestBridgeHandoffTimeoutForwardsUnchanged(t *testing.T) {
 }
 
 func TestBridgeHandoffNotCalledOnAuthFail(t *testing.T) {
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 	hook := &recordingHandoff{}
 	o := testOptions(t, relay)
 	o.Handoff = hook
@@ -570,7 +570,7 @@ func TestBridgeHandoffNotCalledOnAuthFail(t *testing.T) {
 }
 
 func TestBridgeBrokerConnectionsCountAsReach(t *testing.T) {
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 	b := newBridge(t, testOptions(t, relay))
 	brokerFront := frontFor(t, b, true)
 	directFront := frontFor(t, b, false)
@@ -586,7 +586,7 @@ func TestBridgeBrokerConnectionsCountAsReach(t *testing.T) {
 	}
 	// The same IP connecting directly is a different source.
 	c := mustDial(t, directFront, dialOpt{localIP: "127.0.0.1"})
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("direct client got %s", got)
 	}
 }
@@ -600,12 +600,12 @@ func TestBridgeDropsPeerWithoutPong(t *testing.T) {
 			o.HandoffTimeout = 400 * time.Millisecond
 		})
 		c := mustDial(t, front, dialOpt{noPong: true})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		_, _, err := readMsg(t, c) // keeps reading so pings arrive (and go unanswered)
 		if errors.Is(err, context.DeadlineExceeded) {
 			t.Fatal("the bridge never dropped the client that does not answer pings")
 		}
-		if got := relaytest.EndOf(err).Code; got != -1 {
+		if got := testfake.EndOf(err).Code; got != -1 {
 			t.Fatalf("dead client got close %d, want the connection dropped", got)
 		}
 		if got := relay.NextEnd().Code; got != websocket.StatusNoStatusRcvd {
@@ -614,16 +614,16 @@ func TestBridgeDropsPeerWithoutPong(t *testing.T) {
 		waitFor(t, "session gone", func() bool { return b.Active() == 0 })
 	})
 	t.Run("relay", func(t *testing.T) {
-		_, b, front := setup(t, func(f *relaytest.Relay) { f.NoPong = true }, func(o *Options) {
+		_, b, front := setup(t, func(f *testfake.Relay) { f.NoPong = true }, func(o *Options) {
 			o.PingInterval = 50 * time.Millisecond
 			o.PongTimeout = 500 * time.Millisecond
 			o.WriteTimeout = 400 * time.Millisecond
 			o.HandoffTimeout = 400 * time.Millisecond
 		})
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		_, _, err := readMsg(t, c)
-		if got := relaytest.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
+		if got := testfake.EndOf(err).Code; got != websocket.StatusNoStatusRcvd {
 			t.Fatalf("client got %v, want a close without status", err)
 		}
 		waitFor(t, "session gone", func() bool { return b.Active() == 0 })
@@ -636,7 +636,7 @@ func TestBridgeDropsPeerWithoutPong(t *testing.T) {
 			o.HandoffTimeout = 2 * time.Second
 		})
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		for i := range 10 {
 			time.Sleep(30 * time.Millisecond) // several ping rounds between messages
 			send(t, c, websocket.MessageText, []byte("ping-round"))

@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 func TestClassify(t *testing.T) {
 	for in, want := range map[string]verdict{
-		relaytest.AuthOKMsg:                                        verdictAuthOK,
-		relaytest.AuthFailMsg:                                      verdictAuthFail,
+		testfake.AuthOKMsg:                                         verdictAuthOK,
+		testfake.AuthFailMsg:                                       verdictAuthFail,
 		`{"type":"auth.ok","channel":"system"}`:                    verdictAuthOK,
 		`{"channel":"system","type":"auth"}`:                       verdictNone,
 		`{"channel":"chat","type":"auth.ok"}`:                      verdictNone,
@@ -41,7 +41,7 @@ func TestClassify(t *testing.T) {
 // the same rule (generic decoding) and that it never panics.
 func FuzzClassify(f *testing.F) {
 	for _, s := range []string{
-		relaytest.AuthOKMsg, relaytest.AuthFailMsg, string(relaytest.AuthFrame("ABC123")),
+		testfake.AuthOKMsg, testfake.AuthFailMsg, string(testfake.AuthFrame("ABC123")),
 		`{"channel":"system","type":"auth.ok","type":"x"}`,
 		`{"Channel":"system","type":"auth.ok"}`,
 		`{"channel":"system","type":"auth\u002efail"}`,

@@ -17,7 +17,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // The frame path of the bridge: coder/websocket parses the frame headers and
@@ -283,8 +283,8 @@ func FuzzFrameHeaders(f *testing.F) {
 func TestBridgeDoesNotForwardATruncatedMessage(t *testing.T) {
 	relay, _, front := setup(t, nil, nil)
 	conn, br := rawUpgrade(t, front.Listener.Addr().String(), "/relay/ws")
-	conn.Write(clientFrame(0x1, relaytest.AuthFrame(relaytest.GoodCode)))
-	if op, msg := readServerFrame(t, br); op != 0x1 || string(msg) != relaytest.AuthOKMsg {
+	conn.Write(clientFrame(0x1, testfake.AuthFrame(testfake.GoodCode)))
+	if op, msg := readServerFrame(t, br); op != 0x1 || string(msg) != testfake.AuthOKMsg {
 		t.Fatalf("verdict (%d) %q", op, msg)
 	}
 	fragment := clientFrame(0x1, []byte("half a message"))

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/hermes-securelink/securelink/surface"
+	"github.com/hermes-securelink/securelink/internal/surface"
 )
 
 // Availability is what the proxy's cached probes currently say about each

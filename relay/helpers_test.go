@@ -12,10 +12,10 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
-func testOptions(t *testing.T, relay *relaytest.Relay) Options {
+func testOptions(t *testing.T, relay *testfake.Relay) Options {
 	return Options{
 		Upstream:    relay.URL,
 		DialTimeout: 3 * time.Second,
@@ -57,9 +57,9 @@ func newBridge(t *testing.T, o Options) *Bridge {
 }
 
 // setup returns a fake relay, a bridge in front of it, and the front server.
-func setup(t *testing.T, configureRelay func(*relaytest.Relay), configure func(*Options)) (*relaytest.Relay, *Bridge, *httptest.Server) {
+func setup(t *testing.T, configureRelay func(*testfake.Relay), configure func(*Options)) (*testfake.Relay, *Bridge, *httptest.Server) {
 	t.Helper()
-	relay := relaytest.New(t, configureRelay)
+	relay := testfake.NewRelay(t, configureRelay)
 	o := testOptions(t, relay)
 	if configure != nil {
 		configure(&o)
@@ -138,10 +138,10 @@ func send(t *testing.T, c *websocket.Conn, typ websocket.MessageType, msg []byte
 func failAuth(t *testing.T, srv *httptest.Server, localIP string) {
 	t.Helper()
 	c := mustDial(t, srv, dialOpt{localIP: localIP})
-	if got := relaytest.Authenticate(t, c, "WRONG1"); got != relaytest.AuthFailMsg {
+	if got := testfake.Authenticate(t, c, "WRONG1"); got != testfake.AuthFailMsg {
 		t.Fatalf("verdict = %s, want auth.fail", got)
 	}
-	if _, _, err := readMsg(t, c); relaytest.EndOf(err).Code != websocket.StatusPolicyViolation {
+	if _, _, err := readMsg(t, c); testfake.EndOf(err).Code != websocket.StatusPolicyViolation {
 		t.Fatalf("after auth.fail: %v, want close 1008", err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // syncBuffer collects log lines written from the bridge's goroutines.
@@ -61,7 +61,7 @@ func TestBridgeLogsCarryNoSecrets(t *testing.T) {
 	relay, _, front := setup(t, nil, logTo)
 	failAuth(t, front, "127.0.0.1")
 	c := mustDial(t, front, dialOpt{query: "token=" + querySecret})
-	if got := relaytest.Authenticate(t, c, relaytest.GoodCode); got != relaytest.AuthOKMsg {
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
 		t.Fatalf("verdict %s", got)
 	}
 	c.Close(websocket.StatusNormalClosure, "")
@@ -75,7 +75,7 @@ func TestBridgeLogsCarryNoSecrets(t *testing.T) {
 	if !strings.Contains(out, "relay: upstream upgrade failed") {
 		t.Fatalf("the Relay-down failure was not logged; nothing was checked:\n%s", out)
 	}
-	for _, s := range []string{querySecret, proxySecret, relaytest.GoodCode, relaytest.SessionToken, "WRONG1"} {
+	for _, s := range []string{querySecret, proxySecret, testfake.GoodCode, testfake.SessionToken, "WRONG1"} {
 		if strings.Contains(out, s) {
 			t.Errorf("log contains %q:\n%s", s, out)
 		}

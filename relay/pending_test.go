@@ -10,7 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // flood counts how n parallel upgrades from localIP on front ended; each
@@ -33,7 +33,7 @@ func flood(t *testing.T, front *httptest.Server, localIP string, n int) (admitte
 				admitted++
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
-				if err := c.Write(ctx, websocket.MessageText, relaytest.AuthFrame("WRONG1")); err != nil {
+				if err := c.Write(ctx, websocket.MessageText, testfake.AuthFrame("WRONG1")); err != nil {
 					t.Errorf("auth frame: %v", err)
 				}
 				conns = append(conns, c)
@@ -57,7 +57,7 @@ func dropAll(conns *[]*websocket.Conn) {
 // spec: a direct source may have at most 5 unauthenticated /relay/ws
 // sessions at once; further upgrades get 429 and never reach the Relay.
 func TestBridgeBoundsUnauthenticatedSessionsPerSource(t *testing.T) {
-	relay, b, front := setup(t, func(r *relaytest.Relay) { r.HoldAuth = make(chan struct{}) }, nil)
+	relay, b, front := setup(t, func(r *testfake.Relay) { r.HoldAuth = make(chan struct{}) }, nil)
 	defer close(relay.HoldAuth) // answers every held guess, so the sessions end at once
 	admitted, refused, conns := flood(t, front, "127.0.0.1", 40)
 	defer dropAll(&conns)
@@ -93,7 +93,7 @@ func TestBridgeBoundsUnauthenticatedSessionsPerSource(t *testing.T) {
 // A session stops counting at the Relay's first auth.ok, and a session that
 // ends before its verdict gives its slot back.
 func TestBridgeUnauthenticatedSlotFreedByAuthOKAndEnd(t *testing.T) {
-	relay, b, front := setup(t, func(r *relaytest.Relay) { r.HoldAuth = make(chan struct{}) },
+	relay, b, front := setup(t, func(r *testfake.Relay) { r.HoldAuth = make(chan struct{}) },
 		func(o *Options) { o.MaxUnauthenticated = 1 })
 	defer close(relay.HoldAuth)
 	const src = "127.0.0.1/32"
@@ -102,10 +102,10 @@ func TestBridgeUnauthenticatedSlotFreedByAuthOKAndEnd(t *testing.T) {
 		t.Fatalf("second unauthenticated session: %v %v, want 429", err, resp)
 	}
 	verdict := make(chan string, 1)
-	go func() { verdict <- relaytest.Authenticate(t, a, relaytest.GoodCode) }()
+	go func() { verdict <- testfake.Authenticate(t, a, testfake.GoodCode) }()
 	waitFor(t, "the held auth frame", func() bool { return relay.Held.Load() == 1 })
 	relay.HoldAuth <- struct{}{}
-	if got := <-verdict; got != relaytest.AuthOKMsg {
+	if got := <-verdict; got != testfake.AuthOKMsg {
 		t.Fatalf("verdict %s", got)
 	}
 	waitFor(t, "the slot after auth.ok", func() bool { return b.pending.held(src) == 0 })
@@ -125,7 +125,7 @@ func TestBridgeUnauthenticatedSlotFreedByAuthOKAndEnd(t *testing.T) {
 // The shared source "reach" allows the connector's stream limit (16), so one
 // Reach device cannot lock the others out; direct sources are separate.
 func TestBridgeReachSourceAllowsStreamLimit(t *testing.T) {
-	relay := relaytest.New(t, func(r *relaytest.Relay) { r.HoldAuth = make(chan struct{}) })
+	relay := testfake.NewRelay(t, func(r *testfake.Relay) { r.HoldAuth = make(chan struct{}) })
 	b := newBridge(t, testOptions(t, relay))
 	defer close(relay.HoldAuth)
 	brokerFront, directFront := frontFor(t, b, true), frontFor(t, b, false)

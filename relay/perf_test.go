@@ -18,7 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/hermes-securelink/securelink/relay/relaytest"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // clientFrame is one masked, unfragmented client frame.
@@ -90,7 +90,7 @@ func TestBridgeKeepsFramesPipelinedWithTheUpgrade(t *testing.T) {
 		req.WriteString("GET /relay/ws HTTP/1.1\r\nHost: " + front.Listener.Addr().String() + "\r\n" +
 			"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n" +
 			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-		req.Write(clientFrame(0x1, relaytest.AuthFrame(relaytest.GoodCode)))
+		req.Write(clientFrame(0x1, testfake.AuthFrame(testfake.GoodCode)))
 		req.Write(clientFrame(0x1, big))
 		if _, err := conn.Write(req.Bytes()); err != nil {
 			t.Fatal(err)
@@ -100,7 +100,7 @@ func TestBridgeKeepsFramesPipelinedWithTheUpgrade(t *testing.T) {
 		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
 			t.Fatalf("upgrade: %v %v", resp, err)
 		}
-		if op, msg := readServerFrame(t, br); op != 0x1 || string(msg) != relaytest.AuthOKMsg {
+		if op, msg := readServerFrame(t, br); op != 0x1 || string(msg) != testfake.AuthOKMsg {
 			t.Fatalf("size %d: first message (%d) %q, want auth.ok", size, op, msg)
 		}
 		if op, msg := readServerFrame(t, br); op != 0x1 || !bytes.Equal(msg, big) {
@@ -124,13 +124,13 @@ func TestBridgeIdleConnectionGoroutines(t *testing.T) {
 	})
 	// Warm-up: the test servers' own goroutines reach their steady state.
 	c0 := mustDial(t, front, dialOpt{})
-	relaytest.Authenticate(t, c0, relaytest.GoodCode)
+	testfake.Authenticate(t, c0, testfake.GoodCode)
 	time.Sleep(100 * time.Millisecond)
 	const n = 10
 	base := runtime.NumGoroutine()
 	for range n {
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 	}
 	waitFor(t, "sessions", func() bool { return b.Active() == n+1 })
 	// Per connection: the fake Relay's handler goroutine plus the bridge's.
@@ -159,7 +159,7 @@ func TestBridgeIdleConnectionGoroutines(t *testing.T) {
 // ServeHTTP returns once the session is running, so the server's connection
 // goroutine (and the request it holds) does not park for the session's life.
 func TestBridgeHandlerReturnsWhileSessionRuns(t *testing.T) {
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 	b := newBridge(t, testOptions(t, relay))
 	returned := make(chan struct{}, 1)
 	mux := http.NewServeMux()
@@ -170,7 +170,7 @@ func TestBridgeHandlerReturnsWhileSessionRuns(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	c := mustDial(t, srv, dialOpt{})
-	relaytest.Authenticate(t, c, relaytest.GoodCode)
+	testfake.Authenticate(t, c, testfake.GoodCode)
 	select {
 	case <-returned:
 	case <-time.After(10 * time.Second):
@@ -254,14 +254,14 @@ func TestBridgeSmallMessageLimit(t *testing.T) {
 	for _, size := range []int{1001, 5000} {
 		relay, _, front := setup(t, nil, func(o *Options) { o.MaxMessageBytes = 1000 })
 		c := mustDial(t, front, dialOpt{})
-		relaytest.Authenticate(t, c, relaytest.GoodCode)
+		testfake.Authenticate(t, c, testfake.GoodCode)
 		send(t, c, websocket.MessageText, bytes.Repeat([]byte{'a'}, 1000))
 		if _, msg, err := readMsg(t, c); err != nil || len(msg) != 1000 {
 			t.Fatalf("1000-byte echo: %d bytes, %v", len(msg), err)
 		}
 		send(t, c, websocket.MessageText, bytes.Repeat([]byte{'a'}, size))
 		_, _, err := readMsg(t, c)
-		if got := relaytest.EndOf(err); got.Code != websocket.StatusMessageTooBig || got.Reason != "message too big" {
+		if got := testfake.EndOf(err); got.Code != websocket.StatusMessageTooBig || got.Reason != "message too big" {
 			t.Fatalf("%d bytes: client saw %v, want the bridge's 1009", size, err)
 		}
 		if got := relay.NextEnd().Code; got != websocket.StatusMessageTooBig {

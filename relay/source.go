@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/hermes-securelink/securelink/proxy/policy"
+	"github.com/hermes-securelink/securelink/internal/policy"
 )
 
 type brokerStreamKey struct{}

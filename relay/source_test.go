@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/hermes-securelink/securelink/proxy/policy"
+	"github.com/hermes-securelink/securelink/internal/policy"
 )
 
 func TestSourceOf(t *testing.T) {

@@ -73,7 +73,7 @@ i=0
 for t in "${TARGETS[@]}"; do
 	i=$((i + 1))
 	read -r pkg name <<<"$t"
-	rel=.${pkg#"$MODULE"} # ./proxy/policy, or . for the module root
+	rel=.${pkg#"$MODULE"} # ./internal/policy, or . for the module root
 	out="$WORK/$i.log"
 	log "[$i/${#TARGETS[@]}] $rel $name"
 	try=0

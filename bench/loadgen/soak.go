@@ -40,36 +40,6 @@ const (
 	maxSSEStream    = 48 * time.Hour
 )
 
-// serveSSE is the fake Hermes API's event stream: one numbered event per
-// sseInterval until the client leaves, so the client can check that none
-// was lost or reordered on the way through the front.
-func serveSSE(w http.ResponseWriter, r *http.Request) {
-	fl, ok := w.(http.Flusher)
-	if !ok {
-		http.Error(w, "no streaming", http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	fl.Flush()
-	ctx, cancel := context.WithTimeout(r.Context(), maxSSEStream)
-	defer cancel()
-	t := time.NewTicker(sseInterval)
-	defer t.Stop()
-	for n := 1; ; n++ {
-		if _, err := fmt.Fprintf(w, "id: %d\ndata: tick %d\n\n", n, n); err != nil {
-			return
-		}
-		fl.Flush()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // ---------------------------------------------------------------- counters
 
 // soakStats are the client side's counters; every error is counted by

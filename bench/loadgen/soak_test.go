@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/metrics"
+	"github.com/hermes-securelink/securelink/internal/metrics"
 )
 
 // The soak reads the daemons' own metrics listener: the series it needs

@@ -86,7 +86,7 @@ func (o ForwardOptions) Validate() error {
 }
 
 func (o ForwardOptions) config() Config {
-	cfg := o.Candidate.Config()
+	cfg := CandidateConfig(o.Candidate)
 	cfg.RootCAs = o.RootCAs
 	cfg.DialTimeout = o.DialTimeout
 	cfg.RegisterTimeout = o.RegisterTimeout

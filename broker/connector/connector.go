@@ -194,8 +194,8 @@ func newHTTPClient(cfg Config) *http.Client {
 }
 
 // Listener returns the listener on which every broker stream is accepted as
-// an in-memory net.Conn (implementing FromBroker() bool, true). Serve it with
-// the front (proxy.Server.Serve), which adds TLS. Closing it makes new
+// an in-memory net.Conn. Serve it with the front's ServeReach, which adds
+// TLS and marks the connections as arrived through Reach. Closing it makes new
 // streams fail with CLOSE; Run does not close it.
 func (c *Connector) Listener() net.Listener { return c.ln }
 

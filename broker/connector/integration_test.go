@@ -136,7 +136,7 @@ func startFront(t *testing.T, c *Connector) *testFront {
 		t.Fatal(err)
 	}
 	served := make(chan error, 2)
-	go func() { served <- srv.Serve(c.Listener()) }()
+	go func() { served <- srv.ServeReach(c.Listener()) }()
 	go func() { served <- srv.Serve(tcp) }()
 	t.Cleanup(func() {
 		srv.Close()

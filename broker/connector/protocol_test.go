@@ -423,9 +423,6 @@ func TestStreamDeadlines(t *testing.T) {
 	if _, err := st.Read(buf); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("read after Close: %v", err)
 	}
-	if !st.FromBroker() {
-		t.Fatal("FromBroker is false")
-	}
 	if st.RemoteAddr().Network() != "reach" {
 		t.Fatalf("remote addr %v", st.RemoteAddr())
 	}

@@ -71,11 +71,6 @@ func newStream(s *session, id wire.ID) *stream {
 	return st
 }
 
-// FromBroker marks the connection for the front's ConnContext: the /relay
-// bridge applies the route-credential handoff and the shared "reach"
-// auth-failure source only to connections that report true here.
-func (st *stream) FromBroker() bool { return true }
-
 func (st *stream) Read(p []byte) (int, error) {
 	for {
 		select {

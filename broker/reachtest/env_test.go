@@ -302,7 +302,7 @@ func startFront(t *testing.T, c *connector.Connector, limits func(*proxy.Limits)
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() { served <- f.srv.Serve(c.Listener()) }()
+	go func() { served <- f.srv.ServeReach(c.Listener()) }()
 	t.Cleanup(func() {
 		f.srv.Close()
 		select {

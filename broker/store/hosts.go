@@ -13,16 +13,15 @@ package store
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
+	"github.com/hermes-securelink/securelink/internal/strictjson"
 )
 
 // FileMode is the mode of every file this package writes.
@@ -55,17 +54,9 @@ func ParseHosts(data []byte) (Hosts, error) {
 	if len(data) > MaxHostsFileBytes {
 		return nil, fmt.Errorf("larger than %d bytes", MaxHostsFileBytes)
 	}
-	if err := checkNoDuplicateKeys(data); err != nil {
-		return nil, err
-	}
 	var f hostsFile
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := strictjson.Decode(data, 0, &f); err != nil {
 		return nil, fmt.Errorf("not a hosts file: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("data after the JSON object")
 	}
 	if f.Hosts == nil {
 		return nil, errors.New(`missing the "hosts" object`)
@@ -197,52 +188,4 @@ func editHosts(path string, create bool, edit func(Hosts) error) error {
 func readPrivate(path string, max int64) ([]byte, error) {
 	data, _, err := atomicfile.ReadPrivate(path, max, 0o022)
 	return data, err
-}
-
-// checkNoDuplicateKeys walks a JSON document and fails on an object with a
-// repeated key: encoding/json would silently keep the last one, and two
-// readers of the same file must never disagree.
-func checkNoDuplicateKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	type frame struct {
-		obj  bool
-		keys map[string]struct{}
-		key  bool // next token in an object is a key
-	}
-	var stack []*frame
-	for {
-		t, err := dec.Token()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("not JSON: %v", err)
-		}
-		var top *frame
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		if k, isKey := t.(string); isKey && top != nil && top.obj && top.key {
-			if _, dup := top.keys[k]; dup {
-				return fmt.Errorf("duplicate key %q", k)
-			}
-			top.keys[k] = struct{}{}
-			top.key = false
-			continue
-		}
-		switch t {
-		case json.Delim('{'):
-			stack = append(stack, &frame{obj: true, keys: map[string]struct{}{}, key: true})
-			continue
-		case json.Delim('['):
-			stack = append(stack, &frame{})
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:len(stack)-1]
-		}
-		if len(stack) > 0 && stack[len(stack)-1].obj {
-			stack[len(stack)-1].key = true
-		}
-	}
 }

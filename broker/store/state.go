@@ -1,16 +1,15 @@
 package store
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/strictjson"
 )
 
 // MaxStateFileBytes bounds the state file. Its largest legal content is
@@ -448,17 +447,9 @@ func ParseState(data []byte) (Snapshot, error) {
 	if len(data) > MaxStateFileBytes {
 		return Snapshot{}, fmt.Errorf("larger than %d bytes", MaxStateFileBytes)
 	}
-	if err := checkNoDuplicateKeys(data); err != nil {
-		return Snapshot{}, err
-	}
 	var f stateJSON
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := strictjson.Decode(data, 0, &f); err != nil {
 		return Snapshot{}, fmt.Errorf("not a state file: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Snapshot{}, errors.New("data after the JSON object")
 	}
 	if f.Version != stateVersion {
 		return Snapshot{}, fmt.Errorf("unsupported state file version %d", f.Version)

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -277,4 +278,27 @@ func ParseBrokerURL(s string) (*url.URL, error) {
 		return bad("empty port")
 	}
 	return u, nil
+}
+
+// CheckClientCredential applies the Reach rules to what a client registers
+// with: the broker URL (ParseBrokerURL), the canonical host_id, a client
+// credential kind (bootstrap or route) and the token's length. Every
+// failure is listed; none quotes the token.
+func CheckClientCredential(brokerURL, hostID, kind string, token Secret) error {
+	var errs []error
+	if _, err := ParseBrokerURL(brokerURL); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := ParseID(hostID); err != nil {
+		errs = append(errs, errors.New("reach host_id must be the canonical 22-character id"))
+	}
+	switch Kind(kind) {
+	case KindBootstrap, KindRoute:
+	default:
+		errs = append(errs, fmt.Errorf("reach credential_kind %q: want bootstrap or route", kind))
+	}
+	if !ValidWireToken(string(token)) {
+		errs = append(errs, fmt.Errorf("reach token must be %d..%d characters", MinWireToken, MaxWireToken))
+	}
+	return errors.Join(errs...)
 }

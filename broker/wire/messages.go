@@ -1,10 +1,10 @@
 package wire
 
 import (
-	"bytes"
 	"encoding/json"
-	"io"
-	"unicode/utf8"
+	"errors"
+
+	"github.com/hermes-securelink/securelink/internal/strictjson"
 )
 
 // Role is the "role" of a registration.
@@ -339,44 +339,25 @@ func (m ErrorMsg) appendJSON(b []byte) ([]byte, error) {
 // object is one top-level JSON object with raw member values.
 type object map[string]json.RawMessage
 
-// decodeObject reads a text frame as exactly one JSON object. Any failure is
-// a framing violation: not UTF-8, over the size limit, not JSON, not an
-// object, trailing data, or a duplicate key (two parsers could otherwise
-// disagree on which value counts).
+// decodeObject reads a text frame as exactly one JSON object
+// (internal/strictjson). Any failure is a framing violation: over the size
+// limit, not UTF-8 or not JSON (trailing data included), not an object, or
+// a repeated key at any depth (two parsers could otherwise disagree on
+// which value counts).
 func decodeObject(frame []byte) (object, *Error) {
-	if len(frame) > MaxControlBytes {
+	obj, err := strictjson.ParseObject(frame, MaxControlBytes)
+	switch {
+	case err == nil:
+		return object(obj), nil
+	case errors.Is(err, strictjson.ErrTooLarge):
 		return nil, violation("text frame exceeds 4096 bytes")
-	}
-	if !utf8.Valid(frame) || !json.Valid(frame) {
+	case errors.Is(err, strictjson.ErrDuplicate):
+		return nil, violation("duplicate key")
+	case errors.Is(err, strictjson.ErrNotObject):
+		return nil, violation("JSON is not an object")
+	default:
 		return nil, violation("text frame is not JSON")
 	}
-	dec := json.NewDecoder(bytes.NewReader(frame))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, violation("JSON is not an object")
-	}
-	obj := object{}
-	for dec.More() {
-		t, err := dec.Token()
-		key, ok := t.(string)
-		if err != nil || !ok {
-			return nil, violation("JSON is not an object")
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, violation("JSON is not an object")
-		}
-		if _, dup := obj[key]; dup {
-			return nil, violation("duplicate key")
-		}
-		obj[key] = raw
-	}
-	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
-		return nil, violation("JSON is not an object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, violation("data after the JSON object")
-	}
-	return obj, nil
 }
 
 // typ returns the "type" value, or "" when it is missing or not a string.

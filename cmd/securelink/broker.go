@@ -13,8 +13,8 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/internal/metrics"
 	"github.com/hermes-securelink/securelink/internal/sdnotify"
-	"github.com/hermes-securelink/securelink/metrics"
 )
 
 var brokerConfigFlag = &cli.StringFlag{

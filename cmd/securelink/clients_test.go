@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/pinning/pinningtest"
 )
@@ -101,7 +101,7 @@ func runRecipe(t *testing.T, env []string, runtime string, args ...string) recip
 func frontFor(t *testing.T, advertise string, legacy []byte) *daemonProc {
 	t.Helper()
 	dir := t.TempDir()
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	setAdvertise(t, cfgPath, advertise)
 	if legacy != nil {
 		state := filepath.Join(dir, "state")
@@ -258,7 +258,7 @@ func TestAndroidAppRefusesTheSelfSignedIdentity(t *testing.T) {
 		"-keystore", store, "-storetype", "PKCS12", "-storepass", "changeit").CombinedOutput(); err != nil {
 		t.Fatalf("keytool: %v %s", err, out)
 	}
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	setAdvertise(t, cfgPath, "localhost")
 	appendConfig(t, cfgPath, "tls:\n  mode: files\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\n")
 	fd := startDaemon(t, cfgPath)
@@ -287,7 +287,7 @@ func TestDesktopClientThroughReachOnBun(t *testing.T) {
 	startLineProc(t, "broker listening", "broker", "serve", "--config", bcfg)
 	tokenFile := filepath.Join(dir, "host.token")
 	os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600)
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	setAdvertise(t, cfgPath, "localhost")
 	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\n",
 		bport, hostID, tokenFile, certFile))

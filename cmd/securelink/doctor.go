@@ -3,11 +3,12 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/config"
-	"github.com/hermes-securelink/securelink/doctor"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/doctor"
 )
 
 func doctorCommand() *cli.Command {
@@ -28,7 +29,7 @@ func doctorCommand() *cli.Command {
 					cfgErr = err
 				}
 			}
-			announce(path, stateDir)
+			config.Announce(os.Stderr, path, stateDir)
 			rs := doctor.Run(c.Context, cfg, cfgErr, stateDir, doctor.Options{})
 			fmt.Print(doctor.Format(rs))
 			if doctor.Failed(rs) {

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/internal/admin"
 )
 
 func TestServeZeroConfigPinAndCurl(t *testing.T) {
@@ -27,7 +27,7 @@ func TestServeZeroConfigPinAndCurl(t *testing.T) {
 	}
 	dir := t.TempDir()
 	relaySrv := echoRelay(t)
-	cfgPath := writeConfig(t, dir, relaySrv.URL)
+	cfgPath := writeConfig(t, dir, relaySrv)
 	d := startDaemon(t, cfgPath)
 
 	// `pin --json` reports the identity the daemon serves.
@@ -150,7 +150,7 @@ func TestServeZeroConfigPinAndCurl(t *testing.T) {
 
 func TestRotateAndSIGHUP(t *testing.T) {
 	dir := t.TempDir()
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	d := startDaemon(t, cfgPath)
 	oldPin := d.pin
 
@@ -229,7 +229,7 @@ func TestStatusAndRevokeWithoutDaemon(t *testing.T) {
 // nothing about the listener: the daemon keeps serving where it was.
 func TestReloadReportsListenChange(t *testing.T) {
 	dir := t.TempDir()
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	d := startDaemon(t, cfgPath)
 	b, _ := os.ReadFile(cfgPath)
 	_, port, _ := net.SplitHostPort(d.addr)

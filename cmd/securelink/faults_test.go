@@ -23,16 +23,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/internal/testfake"
-
 	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 	"github.com/hermes-securelink/securelink/internal/trust"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // tlsTap terminates the broker's TLS in front of a broker serving
@@ -209,7 +207,7 @@ func TestFaultBrokerKill9MidTransfer(t *testing.T) {
 			close(release)
 		}
 	})
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 
 	tokenFile := filepath.Join(dir, "host.token")
 	os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600)
@@ -235,7 +233,7 @@ func TestFaultBrokerKill9MidTransfer(t *testing.T) {
 		return c
 	}
 	bootCand := candidate("bootstrap", wire.Secret(boot.Token), boot.ExpiresAt)
-	ccfg := bootCand.Config()
+	ccfg := client.CandidateConfig(bootCand)
 	var err error
 	if ccfg.RootCAs, err = trust.BrokerRoots(certFile); err != nil {
 		t.Fatal(err)
@@ -247,7 +245,7 @@ func TestFaultBrokerKill9MidTransfer(t *testing.T) {
 	}
 	_, aport, _ := net.SplitHostPort(d.addr)
 	authority := net.JoinHostPort(host, aport)
-	authOK := relayOverConn(t, inner, authority, relaytest.AuthFrame(relaytest.GoodCode))
+	authOK := relayOverConn(t, inner, authority, testfake.AuthFrame(testfake.GoodCode))
 	var ok struct {
 		Payload struct {
 			RC *struct {
@@ -350,7 +348,7 @@ func TestFaultBrokerKill9MidTransfer(t *testing.T) {
 	// Nothing inside the inner TLS reached the broker, before, during or
 	// after the crash.
 	for _, needle := range [][]byte{marker[:16], []byte(strings.TrimPrefix(apiPath, "/api/v1/")),
-		[]byte(relaytest.SessionToken), []byte(`"pairing_code"`), []byte("auth.ok"), []byte("hermes_secure_proxy")} {
+		[]byte(testfake.SessionToken), []byte(`"pairing_code"`), []byte("auth.ok"), []byte("hermes_secure_proxy")} {
 		if found, _ := tap.seen(needle); found {
 			t.Errorf("the broker saw %q in plaintext", needle)
 		}

@@ -18,7 +18,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,9 +27,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
-	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/internal/pairing"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -288,34 +286,11 @@ func eventually(t *testing.T, timeout time.Duration, what func() string, cond fu
 	}
 }
 
-// echoRelay is a Relay stand-in: /health answers ok, /ws echoes every
-// message.
-func echoRelay(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/health":
-			w.Write([]byte(`{"status":"ok"}`))
-		case "/ws":
-			c, err := websocket.Accept(w, r, nil)
-			if err != nil {
-				return
-			}
-			defer c.CloseNow()
-			for {
-				typ, b, err := c.Read(r.Context())
-				if err != nil {
-					return
-				}
-				if err := c.Write(r.Context(), typ, b); err != nil {
-					return
-				}
-			}
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+// echoRelay is the fake Relay (internal/testfake) without the first-frame
+// protocol: /health answers, /ws echoes every message from the first, as
+// the clients' own stacks in these tests expect. Its base URL.
+func echoRelay(t *testing.T) string {
+	return testfake.NewRelay(t, func(r *testfake.Relay) { r.NoAuth = true }).URL.String()
 }
 
 // pinnedGet fetches url over TLS verified exactly as the Hermes clients do.

@@ -16,14 +16,10 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/admin"
-	"github.com/hermes-securelink/securelink/config"
-	"github.com/hermes-securelink/securelink/pairing"
-	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 )
-
-// bootstrapTTL matches the pairing code's 10-minute life.
-const bootstrapTTL = 600
 
 func pairCommand() *cli.Command {
 	return &cli.Command{
@@ -81,7 +77,7 @@ func runPair(c *cli.Context) error {
 	}
 	relayRaw := c.String("relay")
 	if relayRaw == "" {
-		relayRaw = e.cfg.Upstreams.Relay
+		relayRaw = e.Cfg.Upstreams.Relay
 	}
 	relayBase, err := config.ParseUpstream(relayRaw, false)
 	if err != nil {
@@ -89,9 +85,9 @@ func runPair(c *cli.Context) error {
 	}
 
 	// 1. The identity the daemon serves right now — never a file it may not use.
-	cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
-	var ident identityJSON
-	if _, err := cl.Do(ctx, http.MethodGet, "/identity", nil, &ident); err != nil {
+	cl := adminClient(e)
+	ident, err := cl.Identity(ctx)
+	if err != nil {
 		if errors.Is(err, admin.ErrNoDaemon) {
 			return fmt.Errorf("%w; start it (systemctl start securelink) before pairing", err)
 		}
@@ -102,9 +98,9 @@ func runPair(c *cli.Context) error {
 		return fmt.Errorf("the daemon's candidate is not one clients accept: %w", err)
 	}
 	var broker *pairing.BrokerBootstrap
-	if e.cfg.Reach.Enabled && !c.Bool("no-reach") {
-		var b pairing.BrokerBootstrap
-		code, err := cl.Do(ctx, http.MethodPost, "/reach/bootstrap", map[string]int{"ttl_seconds": bootstrapTTL}, &b)
+	if e.Cfg.Reach.Enabled && !c.Bool("no-reach") {
+		// TTL 0: wire.DefaultBootstrapTTL, the pairing code's 10-minute life.
+		b, code, err := cl.Bootstrap(ctx, admin.BootstrapRequest{})
 		switch {
 		case code == http.StatusConflict:
 			return errors.New("Reach is enabled but the daemon is not connected to its broker; fix that (securelink status) or pair without it: securelink pair --no-reach")
@@ -239,7 +235,7 @@ func verifyWithQRSecret(p *pairing.Payload) (key []byte, path string, err error)
 }
 
 // pairNotes says what each shipped client cannot do with this pairing.
-func pairNotes(cand pinning.Candidate, broker *pairing.BrokerBootstrap) []pairing.ClientNote {
+func pairNotes(cand pairing.PluginProxyCandidate, broker *pairing.BrokerBootstrap) []pairing.ClientNote {
 	var f pairing.ClientFacts
 	if u, err := url.Parse(cand.Proxy.URL); err == nil {
 		f.AuthorityHost = u.Hostname()

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 )
 
 // floatRelay answers POST /pairing/mint as the stock Hermes Relay does with

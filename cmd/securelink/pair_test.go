@@ -16,7 +16,7 @@ import (
 	"github.com/makiuchi-d/gozxing"
 	"github.com/makiuchi-d/gozxing/qrcode"
 
-	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 )
 
 // fakeMintRelay implements POST /pairing/mint the way the Hermes Relay does:

@@ -10,8 +10,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/config"
-	"github.com/hermes-securelink/securelink/pairing"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -43,21 +43,21 @@ func pinCommand() *cli.Command {
 }
 
 type pinJSON struct {
-	Authority  string            `json:"authority"`
-	URL        string            `json:"url"`
-	PinSHA256  string            `json:"pin_sha256"`
-	CertSHA256 string            `json:"cert_sha256"`
-	CertDER    string            `json:"cert_der"`
-	NotBefore  string            `json:"not_before"`
-	NotAfter   string            `json:"not_after"`
-	SANs       []string          `json:"sans"`
-	KeyType    string            `json:"key_type"`
-	ChangedAt  string            `json:"identity_changed_at"`
-	StateDir   string            `json:"state_dir"`
-	Source     string            `json:"source"`
-	Rotated    bool              `json:"rotated,omitempty"`
-	OldPin     string            `json:"old_pin_sha256,omitempty"`
-	Candidate  pinning.Candidate `json:"candidate"`
+	Authority  string                       `json:"authority"`
+	URL        string                       `json:"url"`
+	PinSHA256  string                       `json:"pin_sha256"`
+	CertSHA256 string                       `json:"cert_sha256"`
+	CertDER    string                       `json:"cert_der"`
+	NotBefore  string                       `json:"not_before"`
+	NotAfter   string                       `json:"not_after"`
+	SANs       []string                     `json:"sans"`
+	KeyType    string                       `json:"key_type"`
+	ChangedAt  string                       `json:"identity_changed_at"`
+	StateDir   string                       `json:"state_dir"`
+	Source     string                       `json:"source"`
+	Rotated    bool                         `json:"rotated,omitempty"`
+	OldPin     string                       `json:"old_pin_sha256,omitempty"`
+	Candidate  pairing.PluginProxyCandidate `json:"candidate"`
 }
 
 func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
@@ -65,21 +65,21 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 	if err != nil {
 		return err
 	}
-	port, err := config.ListenPort(e.cfg.Listen)
+	port, err := config.ListenPort(e.Cfg.Listen)
 	if err != nil {
 		return err
 	}
-	if port == 0 && e.cfg.AdvertisePort == 0 {
-		return fmt.Errorf("listen %q has no fixed port, so the authority's port is unknown; set advertise_port", e.cfg.Listen)
+	if port == 0 && e.Cfg.AdvertisePort == 0 {
+		return fmt.Errorf("listen %q has no fixed port, so the authority's port is unknown; set advertise_port", e.Cfg.Listen)
 	}
-	ra, err := e.authority(port)
+	ra, err := e.Authority(port)
 	if err != nil {
 		return err
 	}
 	for _, w := range ra.Warnings {
 		fmt.Fprintln(os.Stderr, "warning:", w)
 	}
-	ic := e.identityConfig(ra.Authority)
+	ic := e.IdentityConfig(ra.Authority)
 	// The identity being replaced, whatever names it was issued for.
 	var cur *pinning.Identity
 	var curErr error
@@ -125,11 +125,11 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 		SANs:       id.SANs(),
 		KeyType:    id.KeyType,
 		ChangedAt:  id.ChangedAt.UTC().Format(time.RFC3339),
-		StateDir:   e.stateDir,
+		StateDir:   e.StateDir,
 		Source:     id.Source,
 		Rotated:    rotate,
 		OldPin:     oldPin,
-		Candidate:  pinning.PluginProxyCandidate(ra.Authority, id),
+		Candidate:  pairing.NewPluginProxyCandidate(ra.Authority, id),
 	}
 	if asJSON {
 		if err := printJSON(out); err != nil {

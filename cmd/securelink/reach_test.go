@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/admin"
 )
 
 // reachStack is a broker, and a daemon with Reach on that registered with it.
@@ -46,7 +46,7 @@ func startReachStack(t *testing.T) *reachStack {
 
 	tokenFile := filepath.Join(dir, "host.token")
 	os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600)
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\nmetrics:\n  listen: %q\n",
 		bport, hostID, tokenFile, certFile, fmetrics))
 	d := startDaemon(t, cfgPath)
@@ -58,10 +58,7 @@ func startReachStack(t *testing.T) *reachStack {
 
 // reachStatus is the connector's status as the daemon's admin socket reports it.
 func reachStatus(cl *admin.Client) (connector.Status, error) {
-	var st struct {
-		Reach connector.Status `json:"reach"`
-	}
-	_, err := cl.Do(context.Background(), "GET", "/status", nil, &st)
+	st, err := cl.Status(context.Background())
 	return st.Reach, err
 }
 
@@ -79,14 +76,14 @@ func waitReachConnected(t *testing.T, dir string, d *daemonProc) *admin.Client {
 
 // bootstrapAndIdentity asks the daemon for a fresh bootstrap and its
 // identity, what `securelink pair` puts in a broker candidate.
-func bootstrapAndIdentity(t *testing.T, ctx context.Context, cl *admin.Client) (connector.Bootstrap, identityJSON) {
+func bootstrapAndIdentity(t *testing.T, ctx context.Context, cl *admin.Client) (admin.BootstrapReply, admin.Identity) {
 	t.Helper()
-	var boot connector.Bootstrap
-	if _, err := cl.Do(ctx, "POST", "/reach/bootstrap", map[string]int{"ttl_seconds": 600}, &boot); err != nil {
+	boot, _, err := cl.Bootstrap(ctx, admin.BootstrapRequest{TTLSeconds: 600})
+	if err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
-	var ident identityJSON
-	if _, err := cl.Do(ctx, "GET", "/identity", nil, &ident); err != nil {
+	ident, err := cl.Identity(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return boot, ident
@@ -190,7 +187,7 @@ func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
 	pool := x509.NewCertPool()
 	pemBytes, _ := os.ReadFile(rs.certFile)
 	pool.AppendCertsFromPEM(pemBytes)
-	cfg := cand.Config()
+	cfg := client.CandidateConfig(cand)
 	cfg.RootCAs = pool
 	host, _ := cand.Authority()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

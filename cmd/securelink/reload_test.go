@@ -21,8 +21,9 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/internal/daemon"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/relay/relaytest"
 )
 
 // taggedAPI answers every request with its tag, to tell two upstreams apart.
@@ -70,7 +71,7 @@ func rewriteAPI(t *testing.T, cfgPath, from, to string) {
 
 func TestReloadUnderLoad(t *testing.T) {
 	dir := t.TempDir()
-	relay := relaytest.New(t, nil)
+	relay := testfake.NewRelay(t, nil)
 	apiA, apiB := taggedAPI(t, "A", 0), taggedAPI(t, "B", 0)
 	cfgPath := writeConfig(t, dir, relay.URL.String())
 	rewriteAPI(t, cfgPath, "http://127.0.0.1:1", apiA.URL)
@@ -98,7 +99,7 @@ func TestReloadUnderLoad(t *testing.T) {
 			t.Fatalf("ws %d: %v", i, err)
 		}
 		defer c.CloseNow()
-		if v := relaytest.Authenticate(t, c, relaytest.GoodCode); v != relaytest.AuthOKMsg {
+		if v := testfake.Authenticate(t, c, testfake.GoodCode); v != testfake.AuthOKMsg {
 			t.Fatalf("ws %d: verdict %s", i, v)
 		}
 		socks = append(socks, c)
@@ -180,7 +181,7 @@ func TestReloadUnderLoad(t *testing.T) {
 func TestGracefulStopFinishesInFlight(t *testing.T) {
 	dir := t.TempDir()
 	api := taggedAPI(t, "done", 1500*time.Millisecond)
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	rewriteAPI(t, cfgPath, "http://127.0.0.1:1", api.URL)
 	d := startDaemon(t, cfgPath)
 
@@ -232,7 +233,7 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	if err := d.cmd.Wait(); err != nil {
 		t.Fatalf("exit status after SIGTERM: %v", err)
 	}
-	if time.Since(start) > shutdownGrace+5*time.Second {
+	if time.Since(start) > daemon.ShutdownGrace+5*time.Second {
 		t.Fatalf("stop took %s, beyond the grace", time.Since(start))
 	}
 	// New connections are refused once stopped.
@@ -261,7 +262,7 @@ func TestReloadReportsOnlyRealReachChanges(t *testing.T) {
 	const partial = `"event":"reload_partial"`
 	t.Run("disabled", func(t *testing.T) {
 		dir := t.TempDir()
-		cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+		cfgPath := writeConfig(t, dir, echoRelay(t))
 		d := startDaemon(t, cfgPath)
 		d.cmd.Process.Signal(syscall.SIGHUP)
 		waitReloads(t, d, 1)
@@ -277,7 +278,7 @@ func TestReloadReportsOnlyRealReachChanges(t *testing.T) {
 	})
 	t.Run("enabled", func(t *testing.T) {
 		dir := t.TempDir()
-		cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+		cfgPath := writeConfig(t, dir, echoRelay(t))
 		base, _ := os.ReadFile(cfgPath)
 		appendConfig(t, cfgPath, reachSection(dir, 16))
 		d := startDaemon(t, cfgPath)

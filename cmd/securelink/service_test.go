@@ -63,7 +63,7 @@ func (n *notifyListener) waitFor(t *testing.T, want string) {
 func TestSystemdNotifyLifecycle(t *testing.T) {
 	n, sock := listenNotify(t)
 	dir := t.TempDir()
-	cfgPath := writeConfig(t, dir, echoRelay(t).URL)
+	cfgPath := writeConfig(t, dir, echoRelay(t))
 	t.Setenv("NOTIFY_SOCKET", sock)
 	t.Setenv("WATCHDOG_USEC", "400000") // 0.4 s: pings every 0.2 s
 	d := startDaemon(t, cfgPath)

@@ -2,94 +2,31 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/config"
-	"github.com/hermes-securelink/securelink/internal/atomicfile"
-	"github.com/hermes-securelink/securelink/pinning"
+	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/config"
 )
 
-// env is what every command resolves first: which configuration file, which
-// state directory. Both are printed so an operator never acts on an identity
-// the daemon does not serve.
-type env struct {
-	cfg      *config.Config
-	stateDir string
-}
-
-func loadEnv(flag string, createState bool) (*env, error) {
-	path := config.ResolvePath(flag)
-	cfg, err := config.Load(path)
+// loadEnv resolves the configuration and state directory a command acts on
+// and announces both on stderr.
+func loadEnv(flag string, createState bool) (*config.Env, error) {
+	e, err := config.LoadEnv(flag, createState)
 	if err != nil {
 		return nil, err
 	}
-	sd, err := cfg.ResolveStateDir()
-	if err != nil {
-		return nil, err
-	}
-	announce(path, sd)
-	if createState {
-		if err := atomicfile.MkdirPrivate(sd); err != nil {
-			return nil, fmt.Errorf("state directory: %w", err)
-		}
-	}
-	return &env{cfg: cfg, stateDir: sd}, nil
+	e.Announce(os.Stderr)
+	return e, nil
 }
 
-// announce prints, on stderr, the configuration file and state directory a
-// command acts on.
-func announce(configPath, stateDir string) {
-	if configPath == "" {
-		configPath = "(built-in defaults)"
-	}
-	fmt.Fprintf(os.Stderr, "securelink: config %s, state directory %s\n", configPath, stateDir)
-}
-
-// authority resolves the advertised authority. listenPort is the bound port
-// (it may differ from the configured one when the configuration says :0).
-func (e *env) authority(listenPort int) (pinning.ResolvedAuthority, error) {
-	port := e.cfg.AdvertisePort
-	if port == 0 {
-		port = listenPort
-	}
-	return pinning.ResolveAuthority(pinning.ResolveOptions{
-		StateDir:  e.stateDir,
-		Advertise: e.cfg.Advertise,
-		Port:      port,
-	})
-}
-
-func (e *env) identityConfig(a pinning.Authority) pinning.IdentityConfig {
-	return pinning.IdentityConfig{
-		StateDir:   e.stateDir,
-		Mode:       e.cfg.TLS.Mode,
-		KeyType:    e.cfg.TLS.KeyType,
-		CertFile:   e.cfg.TLS.CertFile,
-		KeyFile:    e.cfg.TLS.KeyFile,
-		Authority:  a,
-		ExtraNames: e.cfg.ExtraNames,
-	}
-}
-
-// readSecretFile reads a small secret file, refusing one other users can
-// access.
-func readSecretFile(path string) (string, error) {
-	b, _, err := atomicfile.ReadPrivate(path, 4096, 0o007)
-	if err != nil {
-		return "", err
-	}
-	s := strings.TrimSpace(string(b))
-	if s == "" {
-		return "", fmt.Errorf("%s is empty", path)
-	}
-	return s, nil
+// adminClient talks to the running daemon of e.
+func adminClient(e *config.Env) *admin.Client {
+	return admin.NewClient(e.Cfg.AdminSocket(e.StateDir))
 }
 
 // printJSON is every command's --json output: one object on one line, so

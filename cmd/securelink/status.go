@@ -3,12 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/admin"
+	"github.com/hermes-securelink/securelink/internal/admin"
 )
 
 func statusCommand() *cli.Command {
@@ -24,10 +25,9 @@ func statusCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var st statusJSON
+			var st admin.Status
 			var raw json.RawMessage
-			cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
-			if _, err := cl.Do(c.Context, "GET", "/status", nil, &raw); err != nil {
+			if _, err := adminClient(e).Do(c.Context, http.MethodGet, admin.PathStatus, nil, &raw); err != nil {
 				return err
 			}
 			if c.Bool("json") {

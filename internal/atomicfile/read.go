@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"syscall"
 )
 
@@ -58,4 +59,18 @@ func ReadPrivate(path string, max int64, deny os.FileMode) ([]byte, os.FileInfo,
 		return nil, nil, fmt.Errorf("%s is larger than %d bytes", path, max)
 	}
 	return data, fi, nil
+}
+
+// ReadSecret reads a small secret file (at most 4 KiB, surrounding space
+// trimmed), refusing one other users can access or one that is empty.
+func ReadSecret(path string) (string, error) {
+	b, _, err := ReadPrivate(path, 4096, 0o007)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return s, nil
 }

@@ -1,10 +1,13 @@
-// Package relaytest is a fake Hermes Relay for the tests of the /relay/ws
-// bridge (package relay) and of the front that mounts it (package proxy).
-// Both need the same Relay: one that answers GET /health, speaks the
-// first-frame auth protocol on /ws exactly as the contract describes it and
-// then echoes, so that the two packages' tests agree on what a Relay does.
-// It listens on 127.0.0.1 only.
-package relaytest
+// Package testfake holds the project's test stand-ins for the parts it does
+// not ship: the one fake Hermes Relay (relay.go) and the one fake Reach
+// broker (broker.go). They listen on 127.0.0.1 only.
+//
+// The fake Relay serves the tests of the /relay/ws bridge (package relay),
+// of the front that mounts it (package proxy), of the daemon and of the
+// binary: one that answers GET /health, speaks the first-frame auth
+// protocol on /ws exactly as the contract describes it and then echoes, so
+// that every package's tests agree on what a Relay does.
+package testfake
 
 import (
 	"bytes"
@@ -12,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -78,6 +82,9 @@ type Relay struct {
 
 	Subprotocols []string // selectable subprotocols
 	NoPong       bool     // never answer pings (a dead peer)
+	// NoAuth skips the first-frame protocol: every message is echoed from
+	// the first. For clients' own stacks that only check the route.
+	NoAuth bool
 	// HoldAuth, when set, holds every verdict pending: after reading a
 	// client's auth frame the Relay waits for one value from HoldAuth before
 	// answering it (a slow Relay, or guesses still in flight); closing it
@@ -98,14 +105,26 @@ type Relay struct {
 	stop chan struct{} // closed at cleanup: held verdicts give up
 }
 
-// New starts a fake Relay, closed when the test ends.
-func New(t testing.TB, configure func(*Relay)) *Relay {
+// NewRelay starts a fake Relay on 127.0.0.1, closed when the test ends.
+func NewRelay(t testing.TB, configure func(*Relay)) *Relay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewRelayOn(t, ln, configure)
+}
+
+// NewRelayOn is NewRelay serving on ln (a test that must shape the
+// accepted sockets, or a helper process that is killed instead of closed).
+func NewRelayOn(t testing.TB, ln net.Listener, configure func(*Relay)) *Relay {
 	t.Helper()
 	f := &Relay{t: t, ends: make(chan End, 64), stop: make(chan struct{})}
 	if configure != nil {
 		configure(f)
 	}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	f.srv = &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(f.serve)}}
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	// Runs before srv.Close, which waits for the handlers still holding.
 	t.Cleanup(func() { close(f.stop) })
@@ -114,6 +133,15 @@ func New(t testing.TB, configure func(*Relay)) *Relay {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// end records how a connection ended; beyond the buffer (nobody reads
+// NextEnd) it is dropped rather than holding the handler.
+func (f *Relay) end(e End) {
+	select {
+	case f.ends <- e:
+	default:
+	}
 }
 
 // Requests returns the requests to /ws so far, oldest first.
@@ -175,9 +203,13 @@ func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	c.SetReadLimit(16 << 20)
 	ctx := context.Background()
+	if f.NoAuth {
+		f.echo(ctx, c)
+		return
+	}
 	_, first, err := c.Read(ctx)
 	if err != nil {
-		f.ends <- EndOf(err)
+		f.end(EndOf(err))
 		return
 	}
 	if f.HoldAuth != nil {
@@ -200,32 +232,37 @@ func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
 	if json.Unmarshal(first, &auth) != nil || auth.Type != "auth" || auth.Payload.PairingCode != GoodCode {
 		_ = c.Write(ctx, websocket.MessageText, []byte(AuthFailMsg))
 		_ = c.Close(websocket.StatusPolicyViolation, "auth failed")
-		f.ends <- End{websocket.StatusPolicyViolation, "sent by relay"}
+		f.end(End{websocket.StatusPolicyViolation, "sent by relay"})
 		return
 	}
 	if err := c.Write(ctx, websocket.MessageText, []byte(AuthOKMsg)); err != nil {
-		f.ends <- EndOf(err)
+		f.end(EndOf(err))
 		return
 	}
+	f.echo(ctx, c)
+}
+
+// echo answers every message after the auth (see Relay).
+func (f *Relay) echo(ctx context.Context, c *websocket.Conn) {
 	for {
 		typ, msg, err := c.Read(ctx)
 		if err != nil {
-			f.ends <- EndOf(err)
+			f.end(EndOf(err))
 			return
 		}
 		f.Received.Add(1)
 		switch string(msg) {
 		case "close4000":
 			_ = c.Close(4000, "relay bye")
-			f.ends <- End{4000, "sent by relay"}
+			f.end(End{4000, "sent by relay"})
 			return
 		case "closeNoStatus":
 			_ = c.Close(websocket.StatusNoStatusRcvd, "")
-			f.ends <- End{websocket.StatusNoStatusRcvd, "sent by relay"}
+			f.end(End{websocket.StatusNoStatusRcvd, "sent by relay"})
 			return
 		case "drop":
 			_ = c.CloseNow()
-			f.ends <- End{-1, "dropped by relay"}
+			f.end(End{-1, "dropped by relay"})
 			return
 		case "big":
 			msg, typ = make([]byte, MaxMessage+1), websocket.MessageBinary
@@ -235,7 +272,7 @@ func (f *Relay) serve(w http.ResponseWriter, r *http.Request) {
 		if err := c.Write(ctx, typ, msg); err != nil {
 			// The bridge closed while we wrote; report how it closed.
 			_, _, rerr := c.Read(ctx)
-			f.ends <- EndOf(rerr)
+			f.end(EndOf(rerr))
 			return
 		}
 	}

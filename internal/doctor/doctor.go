@@ -19,13 +19,13 @@ import (
 	"os"
 	"time"
 
-	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/broker/wire"
-	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/pairing"
+	"github.com/hermes-securelink/securelink/internal/probe"
 	"github.com/hermes-securelink/securelink/internal/trust"
-	"github.com/hermes-securelink/securelink/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/proxy/probe"
 )
 
 // Status of one check.
@@ -351,11 +351,8 @@ func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin str
 	sock := cfg.AdminSocket(stateDir)
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	var st struct {
-		PinSHA256 string `json:"pin_sha256"`
-		Authority string `json:"authority"`
-	}
-	if _, err := admin.NewClient(sock).Do(ctx, http.MethodGet, "/status", nil, &st); err != nil {
+	st, err := admin.NewClient(sock).Status(ctx)
+	if err != nil {
 		fix := "start it: systemctl start securelink (or securelink serve)"
 		if !errors.Is(err, admin.ErrNoDaemon) {
 			fix = "run doctor as the service user or root"

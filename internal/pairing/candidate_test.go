@@ -1,21 +1,31 @@
-package pinning
+package pairing
 
 import (
 	"encoding/base64"
 	"encoding/json"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/hermes-securelink/securelink/pinning"
 )
+
+// candidateIdentityConfig is a self-signed identity for host:9443 in a
+// fresh state directory.
+func candidateIdentityConfig(t *testing.T, host string) pinning.IdentityConfig {
+	t.Helper()
+	return pinning.IdentityConfig{StateDir: filepath.Join(t.TempDir(), "state"), Authority: pinning.Authority{Host: host, Port: 9443}}
+}
 
 func TestCandidateJSONShape(t *testing.T) {
 	for _, host := range []string{"192.0.2.1", "2001:db8::1"} {
-		c := selfSignedConfig(t, host)
-		id, err := LoadOrCreate(c)
+		c := candidateIdentityConfig(t, host)
+		id, err := pinning.LoadOrCreate(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		data, err := json.Marshal(PluginProxyCandidate(c.Authority, id))
+		data, err := json.Marshal(NewPluginProxyCandidate(c.Authority, id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,45 +58,45 @@ func TestCandidateJSONShape(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("candidate JSON\n got %s\nwant %v", data, want)
 		}
-		if err := PluginProxyCandidate(c.Authority, id).Validate(); err != nil {
+		if err := NewPluginProxyCandidate(c.Authority, id).Validate(); err != nil {
 			t.Errorf("own candidate does not validate: %v", err)
 		}
 	}
 }
 
 func TestCandidateValidateRejects(t *testing.T) {
-	c := selfSignedConfig(t, "192.0.2.1")
-	id, err := LoadOrCreate(c)
+	c := candidateIdentityConfig(t, "192.0.2.1")
+	id, err := pinning.LoadOrCreate(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := LoadOrCreate(selfSignedConfig(t, "192.0.2.1"))
+	other, err := pinning.LoadOrCreate(candidateIdentityConfig(t, "192.0.2.1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	muts := map[string]func(*Candidate){
-		"role":          func(c *Candidate) { c.Role = "outbound_broker" },
-		"not recommend": func(c *Candidate) { c.Recommended = false },
-		"security":      func(c *Candidate) { c.Security = "e2ee_pinned_tls" },
-		"http":          func(c *Candidate) { c.Proxy.URL = "http://192.0.2.1:9443" },
-		"path":          func(c *Candidate) { c.Proxy.URL = "https://192.0.2.1:9443/relay" },
-		"query":         func(c *Candidate) { c.Proxy.URL = "https://192.0.2.1:9443?x=1" },
-		"userinfo":      func(c *Candidate) { c.Proxy.URL = "https://u@192.0.2.1:9443" },
-		"no port":       func(c *Candidate) { c.Proxy.URL = "https://192.0.2.1" },
-		"bad pin":       func(c *Candidate) { c.Proxy.PinSHA256 = "sha256/abc=" },
-		"other pin":     func(c *Candidate) { c.Proxy.PinSHA256 = other.Pin },
-		"cert newline":  func(c *Candidate) { c.Proxy.CertDER = c.Proxy.CertDER[:10] + "\n" + c.Proxy.CertDER[10:] },
-		"cert garbage":  func(c *Candidate) { c.Proxy.CertDER = "AAAA" },
-		"cert too long": func(c *Candidate) { c.Proxy.CertDER = strings.Repeat("A", 8196) },
+	muts := map[string]func(*PluginProxyCandidate){
+		"role":          func(c *PluginProxyCandidate) { c.Role = "outbound_broker" },
+		"not recommend": func(c *PluginProxyCandidate) { c.Recommended = false },
+		"security":      func(c *PluginProxyCandidate) { c.Security = "e2ee_pinned_tls" },
+		"http":          func(c *PluginProxyCandidate) { c.Proxy.URL = "http://192.0.2.1:9443" },
+		"path":          func(c *PluginProxyCandidate) { c.Proxy.URL = "https://192.0.2.1:9443/relay" },
+		"query":         func(c *PluginProxyCandidate) { c.Proxy.URL = "https://192.0.2.1:9443?x=1" },
+		"userinfo":      func(c *PluginProxyCandidate) { c.Proxy.URL = "https://u@192.0.2.1:9443" },
+		"no port":       func(c *PluginProxyCandidate) { c.Proxy.URL = "https://192.0.2.1" },
+		"bad pin":       func(c *PluginProxyCandidate) { c.Proxy.PinSHA256 = "sha256/abc=" },
+		"other pin":     func(c *PluginProxyCandidate) { c.Proxy.PinSHA256 = other.Pin },
+		"cert newline":  func(c *PluginProxyCandidate) { c.Proxy.CertDER = c.Proxy.CertDER[:10] + "\n" + c.Proxy.CertDER[10:] },
+		"cert garbage":  func(c *PluginProxyCandidate) { c.Proxy.CertDER = "AAAA" },
+		"cert too long": func(c *PluginProxyCandidate) { c.Proxy.CertDER = strings.Repeat("A", 8196) },
 	}
 	for name, mut := range muts {
-		cand := PluginProxyCandidate(c.Authority, id)
+		cand := NewPluginProxyCandidate(c.Authority, id)
 		mut(&cand)
 		if err := cand.Validate(); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	cand := PluginProxyCandidate(c.Authority, id)
+	cand := NewPluginProxyCandidate(c.Authority, id)
 	cand.Proxy.URL += "/"
 	if err := cand.Validate(); err != nil {
 		t.Errorf("a lone trailing slash is accepted by clients: %v", err)
@@ -98,11 +108,11 @@ func FuzzCandidateValidate(f *testing.F) {
 	f.Add("https://[2001:db8::1]:9443/", "", "")
 	f.Add("https://h:1#x", "sha256/", "MIIB")
 	f.Fuzz(func(t *testing.T, u, pin, der string) {
-		c := Candidate{Role: "plugin_proxy", Recommended: true, Security: "pinned_tls",
-			Proxy: CandidateProxy{URL: u, PinSHA256: pin, CertDER: der}}
+		c := PluginProxyCandidate{Role: "plugin_proxy", Recommended: true, Security: "pinned_tls",
+			Proxy: PluginProxy{URL: u, PinSHA256: pin, CertDER: der}}
 		if c.Validate() == nil {
 			// Only a real certificate with its own pin can pass.
-			if _, err := ParsePin(pin); err != nil {
+			if _, err := pinning.ParsePin(pin); err != nil {
 				t.Fatalf("accepted pin %q", pin)
 			}
 		}

@@ -123,6 +123,9 @@ func TestBuildEndpointsRejects(t *testing.T) {
 		"query":       func(b *BrokerBootstrap) { b.BrokerURL = "wss://broker.example/v1/connect?x=1" },
 		"userinfo":    func(b *BrokerBootstrap) { b.BrokerURL = "wss://u@broker.example/v1/connect" },
 		"escaped":     func(b *BrokerBootstrap) { b.BrokerURL = "wss://broker.example/v1%2Fconnect" },
+		"port 0":      func(b *BrokerBootstrap) { b.BrokerURL = "wss://broker.example:0/v1/connect" },
+		"big port":    func(b *BrokerBootstrap) { b.BrokerURL = "wss://broker.example:70000/v1/connect" },
+		"empty port":  func(b *BrokerBootstrap) { b.BrokerURL = "wss://broker.example:/v1/connect" },
 		"short token": func(b *BrokerBootstrap) { b.Token = b.Token[:42] },
 		"padded":      func(b *BrokerBootstrap) { b.HostID += "==" },
 		"std base64":  func(b *BrokerBootstrap) { b.Token = strings.Repeat("+", 43) },
@@ -130,6 +133,9 @@ func TestBuildEndpointsRejects(t *testing.T) {
 	} {
 		b := testBroker()
 		mut(&b)
+		if b.Validate() == nil {
+			t.Errorf("%s: Validate accepted broker %v", name, b)
+		}
 		_, err := BuildEndpoints(c, nil, &b)
 		if err == nil {
 			t.Errorf("%s: accepted broker %v", name, b)

@@ -137,7 +137,7 @@ func TestLoadFileAndExample(t *testing.T) {
 		t.Fatalf("loaded %+v", c)
 	}
 	// The shipped example must load as it is and switch nothing unsupported on.
-	ex, err := Load("../config.example.yaml")
+	ex, err := Load("../../config.example.yaml")
 	if err != nil {
 		t.Fatalf("config.example.yaml: %v", err)
 	}

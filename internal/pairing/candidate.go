@@ -1,4 +1,4 @@
-package pinning
+package pairing
 
 import (
 	"crypto/x509"
@@ -9,28 +9,31 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/hermes-securelink/securelink/surface"
+	"github.com/hermes-securelink/securelink/internal/surface"
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
-// maxCertDERB64 is the desktop client's limit on cert_der.
+// maxCertDERB64 is the desktop client's limit on cert_der (both candidates
+// carry it).
 const maxCertDERB64 = 8192
 
-// Candidate is the plugin_proxy entry of the pairing endpoints; the field
-// order and tags give exactly the keys of the contract, because the pairing
-// command compares it in canonical JSON with what the Relay signed.
-type Candidate struct {
-	Role         string         `json:"role"`
-	Priority     int            `json:"priority"`
-	Recommended  bool           `json:"recommended"`
-	Security     string         `json:"security"`
-	DisplayName  string         `json:"display_name"`
-	Description  string         `json:"description"`
-	Capabilities []string       `json:"capabilities"`
-	Proxy        CandidateProxy `json:"proxy"`
+// PluginProxyCandidate is the plugin_proxy entry of the pairing endpoints;
+// the field order and tags give exactly the keys of the contract, because
+// the pairing command compares it in canonical JSON with what the Relay
+// signed.
+type PluginProxyCandidate struct {
+	Role         string      `json:"role"`
+	Priority     int         `json:"priority"`
+	Recommended  bool        `json:"recommended"`
+	Security     string      `json:"security"`
+	DisplayName  string      `json:"display_name"`
+	Description  string      `json:"description"`
+	Capabilities []string    `json:"capabilities"`
+	Proxy        PluginProxy `json:"proxy"`
 }
 
-// CandidateProxy is the proxy object of a candidate.
-type CandidateProxy struct {
+// PluginProxy is the proxy object of a plugin_proxy candidate.
+type PluginProxy struct {
 	URL           string           `json:"url"`
 	TransportHint string           `json:"transport_hint"`
 	PinSHA256     string           `json:"pin_sha256"`
@@ -39,10 +42,10 @@ type CandidateProxy struct {
 	Services      surface.Services `json:"services"`
 }
 
-// PluginProxyCandidate describes the front at a for the pairing QR.
+// NewPluginProxyCandidate describes the front at a for the pairing QR.
 // Priority is 0; the pairing command renumbers by position.
-func PluginProxyCandidate(a Authority, id *Identity) Candidate {
-	return Candidate{
+func NewPluginProxyCandidate(a pinning.Authority, id *pinning.Identity) PluginProxyCandidate {
+	return PluginProxyCandidate{
 		Role:         surface.Role,
 		Priority:     0,
 		Recommended:  true,
@@ -50,7 +53,7 @@ func PluginProxyCandidate(a Authority, id *Identity) Candidate {
 		DisplayName:  surface.DisplayName,
 		Description:  surface.Description,
 		Capabilities: slices.Clone(surface.Namespaces),
-		Proxy: CandidateProxy{
+		Proxy: PluginProxy{
 			URL:           a.URL(),
 			TransportHint: "https",
 			PinSHA256:     id.Pin,
@@ -64,7 +67,7 @@ func PluginProxyCandidate(a Authority, id *Identity) Candidate {
 // Validate applies the checks the Hermes clients apply before they treat the
 // candidate as pinned, plus consistency between cert_der and the pin, so a
 // broken candidate fails here rather than on a phone.
-func (c Candidate) Validate() error {
+func (c PluginProxyCandidate) Validate() error {
 	if c.Role != surface.Role {
 		return fmt.Errorf("candidate role %q, want %q", c.Role, surface.Role)
 	}
@@ -79,10 +82,10 @@ func (c Candidate) Validate() error {
 		u.ForceQuery || (u.Path != "" && u.Path != "/") || u.Opaque != "" {
 		return fmt.Errorf("candidate url %q: want https://host:port with no path, query, fragment or user info", c.Proxy.URL)
 	}
-	if _, err := ParseAuthority(u.Host); err != nil {
+	if _, err := pinning.ParseAuthority(u.Host); err != nil {
 		return fmt.Errorf("candidate url: %w", err)
 	}
-	if _, err := ParsePin(c.Proxy.PinSHA256); err != nil {
+	if _, err := pinning.ParsePin(c.Proxy.PinSHA256); err != nil {
 		return fmt.Errorf("candidate pin_sha256: %w", err)
 	}
 	if len(c.Proxy.CertDER) > maxCertDERB64 {
@@ -97,8 +100,8 @@ func (c Candidate) Validate() error {
 	if err != nil {
 		return fmt.Errorf("candidate cert_der: %w", err)
 	}
-	if !PinMatches(cert, c.Proxy.PinSHA256) {
-		return fmt.Errorf("candidate pin_sha256 is not the pin of cert_der (%s)", SPKIPin(cert))
+	if !pinning.PinMatches(cert, c.Proxy.PinSHA256) {
+		return fmt.Errorf("candidate pin_sha256 is not the pin of cert_der (%s)", pinning.SPKIPin(cert))
 	}
 	return nil
 }

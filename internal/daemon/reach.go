@@ -1,22 +1,22 @@
-package main
+package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/urfave/cli/v2"
 
-	"github.com/hermes-securelink/securelink/admin"
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
-	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
+	"github.com/hermes-securelink/securelink/internal/config"
+	"github.com/hermes-securelink/securelink/internal/metrics"
+	"github.com/hermes-securelink/securelink/internal/strictjson"
 	"github.com/hermes-securelink/securelink/internal/trust"
-	"github.com/hermes-securelink/securelink/metrics"
 )
 
 // maxBootstrapTTL bounds POST /reach/bootstrap: the broker refuses a
@@ -25,7 +25,7 @@ const maxBootstrapTTL = time.Hour
 
 // newConnector builds the Reach host connector from reach.*.
 func newConnector(rc config.Reach, log zerolog.Logger) (*connector.Connector, error) {
-	tok, err := readSecretFile(rc.HostTokenFile)
+	tok, err := atomicfile.ReadSecret(rc.HostTokenFile)
 	if err != nil {
 		return nil, fmt.Errorf("reach.host_token_file: %w", err)
 	}
@@ -50,7 +50,7 @@ func newConnector(rc config.Reach, log zerolog.Logger) (*connector.Connector, er
 func (d *daemon) reachStatus() connector.Status {
 	if d.reach == nil {
 		d.mu.Lock()
-		rc := d.env.cfg.Reach
+		rc := d.env.Cfg.Reach
 		d.mu.Unlock()
 		return connector.Status{Enabled: false, State: "stopped", BrokerURL: rc.BrokerURL, HostID: rc.HostID}
 	}
@@ -59,19 +59,17 @@ func (d *daemon) reachStatus() connector.Status {
 
 // registerReachAdmin adds POST /reach/bootstrap and POST /reach/revoke.
 func (d *daemon) registerReachAdmin() {
-	d.admin.HandleJSON("POST /reach/bootstrap", func(r *http.Request) (any, int, error) {
-		if d.reach == nil {
-			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
-		}
-		var req struct {
-			TTLSeconds int64 `json:"ttl_seconds"`
-		}
+	d.admin.HandleJSON("POST "+admin.PathBootstrap, func(r *http.Request) (any, int, error) {
+		var req admin.BootstrapRequest
 		if err := decodeAdmin(r, &req); err != nil {
 			return nil, http.StatusBadRequest, err
 		}
+		if d.reach == nil {
+			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
+		}
 		ttl := time.Duration(req.TTLSeconds) * time.Second
 		if ttl <= 0 {
-			ttl = 10 * time.Minute
+			ttl = wire.DefaultBootstrapTTL
 		}
 		if ttl > maxBootstrapTTL {
 			return nil, http.StatusBadRequest, fmt.Errorf("ttl_seconds must be at most %d", int(maxBootstrapTTL/time.Second))
@@ -85,17 +83,15 @@ func (d *daemon) registerReachAdmin() {
 		case err != nil:
 			return nil, http.StatusBadGateway, err
 		}
-		return b, 0, nil
+		return admin.BootstrapReply(b), 0, nil
 	})
-	d.admin.HandleJSON("POST /reach/revoke", func(r *http.Request) (any, int, error) {
-		if d.reach == nil {
-			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
-		}
-		var req struct {
-			CredentialID string `json:"credential_id"`
-		}
+	d.admin.HandleJSON("POST "+admin.PathRevoke, func(r *http.Request) (any, int, error) {
+		var req admin.RevokeRequest
 		if err := decodeAdmin(r, &req); err != nil {
 			return nil, http.StatusBadRequest, err
+		}
+		if d.reach == nil {
+			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
 		}
 		if !wire.ValidLabel(req.CredentialID) {
 			return nil, http.StatusBadRequest, errors.New("credential_id must be 1..128 of [A-Za-z0-9_-]")
@@ -109,43 +105,16 @@ func (d *daemon) registerReachAdmin() {
 		case err != nil:
 			return nil, http.StatusBadGateway, err
 		}
-		return map[string]string{"revoked": req.CredentialID}, 0, nil
+		return admin.RevokeReply{Revoked: req.CredentialID}, 0, nil
 	})
 }
 
-// decodeAdmin reads a small JSON body strictly.
+// decodeAdmin reads a small JSON request body strictly.
 func decodeAdmin(r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 4096))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := strictjson.DecodeReader(r.Body, 4096, v); err != nil {
 		return fmt.Errorf("request body: %w", err)
 	}
 	return nil
-}
-
-func revokeCommand() *cli.Command {
-	return &cli.Command{
-		Name:      "revoke",
-		Usage:     "revoke a Reach route credential at the broker (through the running daemon)",
-		ArgsUsage: "--credential-id ID | -- CREDENTIAL_ID",
-		Flags:     []cli.Flag{configFlag, &cli.StringFlag{Name: "credential-id", Usage: "the route credential `ID` (ids may start with '-': use this flag or put the id after --)"}},
-		Action: func(c *cli.Context) error {
-			credID, err := oneID(c, "credential-id", "CREDENTIAL_ID")
-			if err != nil {
-				return err
-			}
-			e, err := loadEnv(c.String("config"), false)
-			if err != nil {
-				return err
-			}
-			cl := admin.NewClient(e.cfg.AdminSocket(e.stateDir))
-			if _, err := cl.Do(c.Context, http.MethodPost, "/reach/revoke", map[string]string{"credential_id": credID}, nil); err != nil {
-				return err
-			}
-			fmt.Println("revoked", credID)
-			return nil
-		},
-	}
 }
 
 // registerReachMetrics exposes the connector's state at scrape time.

@@ -19,14 +19,14 @@ const (
 	testCode   = "K7Q2ZP"
 )
 
-func testCandidate(t testing.TB) pinning.Candidate {
+func testCandidate(t testing.TB) PluginProxyCandidate {
 	t.Helper()
 	a := pinning.Authority{Host: "192.0.2.10", Port: 9443}
 	id, err := pinning.LoadOrCreate(pinning.IdentityConfig{StateDir: filepath.Join(t.TempDir(), "state"), Authority: a})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pinning.PluginProxyCandidate(a, id)
+	return NewPluginProxyCandidate(a, id)
 }
 
 func testBroker() BrokerBootstrap {
@@ -44,7 +44,7 @@ func testEndpoints(t testing.TB, withBroker bool, lans ...string) []Endpoint {
 	return testEndpointsFor(t, testCandidate(t), withBroker, lans...)
 }
 
-func testEndpointsFor(t testing.TB, c pinning.Candidate, withBroker bool, lans ...string) []Endpoint {
+func testEndpointsFor(t testing.TB, c PluginProxyCandidate, withBroker bool, lans ...string) []Endpoint {
 	t.Helper()
 	var routes []LANRoute
 	for _, l := range lans {

@@ -1,4 +1,4 @@
-package client
+package pairing
 
 import (
 	"bytes"
@@ -7,24 +7,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/strictjson"
+	"github.com/hermes-securelink/securelink/internal/surface"
 	"github.com/hermes-securelink/securelink/pinning"
-	"github.com/hermes-securelink/securelink/surface"
 )
 
 // Fixed values of the outbound_broker candidate (spec/reach.md "Bootstrap
 // credential for pairing", pairing.md "Endpoint roles"). A broker route is
 // never labelled plugin_proxy or pinned_tls: that would erase its boundary.
 const (
-	RoleOutboundBroker    = "outbound_broker"
 	SecurityE2EEPinnedTLS = "e2ee_pinned_tls"
 	TransportHintHTTPS    = "https"
 )
@@ -34,27 +32,28 @@ const (
 	// maxCandidateBytes: cert_der is at most 8192 characters and the rest
 	// is small; anything far larger is not a candidate.
 	maxCandidateBytes = 32 << 10
-	// maxCertDERB64 is the desktop client's limit on cert_der.
-	maxCertDERB64 = 8192
 	// maxPriority bounds priority; a QR holds a handful of endpoints.
 	maxPriority = 1 << 16
 )
 
-// Candidate is the outbound_broker entry of a pairing QR. The struct's JSON
-// tags give the exact keys, but json.Marshal redacts the token (it is a
-// wire.Secret); QRJSON writes the real thing.
-type Candidate struct {
-	Role         string          `json:"role"`
-	Priority     int             `json:"priority"`
-	Recommended  bool            `json:"recommended"`
-	Experimental bool            `json:"experimental"`
-	Security     string          `json:"security"`
-	Broker       CandidateBroker `json:"broker"`
-	Proxy        CandidateProxy  `json:"proxy"`
+// BrokerCandidate is the outbound_broker entry of a pairing QR, and the
+// candidate file `securelink connect` reads. The struct's JSON tags give the
+// exact keys, but json.Marshal redacts the token (it is a wire.Secret);
+// QRJSON writes the real thing. It is built once (NewBrokerCandidate; the
+// pairing endpoint BrokerEndpoint is its QRJSON) and parsed once
+// (ParseBrokerCandidate).
+type BrokerCandidate struct {
+	Role         string           `json:"role"`
+	Priority     int              `json:"priority"`
+	Recommended  bool             `json:"recommended"`
+	Experimental bool             `json:"experimental"`
+	Security     string           `json:"security"`
+	Broker       BrokerCredential `json:"broker"`
+	Proxy        BrokerProxy      `json:"proxy"`
 }
 
-// CandidateBroker is the broker object: where to register and with what.
-type CandidateBroker struct {
+// BrokerCredential is the broker object: where to register and with what.
+type BrokerCredential struct {
 	ProtocolVersion int         `json:"protocol_version"`
 	URL             string      `json:"url"`
 	HostID          string      `json:"host_id"`
@@ -63,9 +62,9 @@ type CandidateBroker struct {
 	ExpiresAt       int64       `json:"expires_at"`
 }
 
-// CandidateProxy is the Secure Link front the inner TLS goes to: the same
+// BrokerProxy is the Secure Link front the inner TLS goes to: the same
 // values as the plugin_proxy candidate's proxy, without services.
-type CandidateProxy struct {
+type BrokerProxy struct {
 	URL           string   `json:"url"`
 	TransportHint string   `json:"transport_hint"`
 	PinSHA256     string   `json:"pin_sha256"`
@@ -79,19 +78,19 @@ var (
 	keysProxy     = []string{"url", "transport_hint", "pin_sha256", "cert_der", "surfaces"}
 )
 
-// NewCandidate builds the candidate for a pairing QR from the credential
-// the daemon minted and the identity it serves, filling in the fixed values,
-// and checks it like ParseCandidate would.
-func NewCandidate(priority int, broker CandidateBroker, proxyURL, pin, certDER string) (Candidate, error) {
+// NewBrokerCandidate builds the candidate for a pairing QR from the
+// credential the daemon minted and the identity it serves, filling in the
+// fixed values, and checks it like ParseBrokerCandidate would.
+func NewBrokerCandidate(priority int, broker BrokerCredential, proxyURL, pin, certDER string) (BrokerCandidate, error) {
 	broker.ProtocolVersion = wire.ProtocolVersion
-	c := Candidate{
+	c := BrokerCandidate{
 		Role:         RoleOutboundBroker,
 		Priority:     priority,
 		Recommended:  false,
 		Experimental: true,
 		Security:     SecurityE2EEPinnedTLS,
 		Broker:       broker,
-		Proxy: CandidateProxy{
+		Proxy: BrokerProxy{
 			URL:           proxyURL,
 			TransportHint: TransportHintHTTPS,
 			PinSHA256:     pin,
@@ -100,21 +99,21 @@ func NewCandidate(priority int, broker CandidateBroker, proxyURL, pin, certDER s
 		},
 	}
 	if err := c.Validate(); err != nil {
-		return Candidate{}, err
+		return BrokerCandidate{}, err
 	}
 	return c, nil
 }
 
-// ParseCandidate reads an outbound_broker candidate strictly: exactly the
+// ParseBrokerCandidate reads an outbound_broker candidate strictly: exactly the
 // keys of the spec at every level (no key missing, none extra, none twice),
 // JSON types as shown there (protocol_version and expires_at integers,
 // booleans real booleans), then the values (Validate).
-func ParseCandidate(data []byte) (Candidate, error) {
-	var c Candidate
+func ParseBrokerCandidate(data []byte) (BrokerCandidate, error) {
+	var c BrokerCandidate
 	if len(data) > maxCandidateBytes {
 		return c, fmt.Errorf("candidate: larger than %d bytes", maxCandidateBytes)
 	}
-	top, err := strictObject(data, keysCandidate, "candidate")
+	top, err := candidateObject(data, keysCandidate, "candidate")
 	if err != nil {
 		return c, err
 	}
@@ -139,7 +138,7 @@ func ParseCandidate(data []byte) (Candidate, error) {
 		return c, err
 	}
 
-	b, err := strictObject(top["broker"], keysBroker, "candidate broker")
+	b, err := candidateObject(top["broker"], keysBroker, "candidate broker")
 	if err != nil {
 		return c, err
 	}
@@ -165,7 +164,7 @@ func ParseCandidate(data []byte) (Candidate, error) {
 		return c, err
 	}
 
-	p, err := strictObject(top["proxy"], keysProxy, "candidate proxy")
+	p, err := candidateObject(top["proxy"], keysProxy, "candidate proxy")
 	if err != nil {
 		return c, err
 	}
@@ -185,13 +184,13 @@ func ParseCandidate(data []byte) (Candidate, error) {
 		return c, err
 	}
 	if err := c.Validate(); err != nil {
-		return Candidate{}, err
+		return BrokerCandidate{}, err
 	}
 	return c, nil
 }
 
 // Validate checks the values of a candidate. Errors never contain the token.
-func (c Candidate) Validate() error {
+func (c BrokerCandidate) Validate() error {
 	switch {
 	case c.Role != RoleOutboundBroker:
 		return fmt.Errorf("candidate: role %q, want %q", c.Role, RoleOutboundBroker)
@@ -206,7 +205,7 @@ func (c Candidate) Validate() error {
 	case c.Broker.ExpiresAt <= 0:
 		return errors.New("candidate: broker.expires_at must be a positive Unix time")
 	}
-	if err := c.Config().Validate(); err != nil {
+	if err := wire.CheckClientCredential(c.Broker.URL, c.Broker.HostID, c.Broker.CredentialKind, c.Broker.Token); err != nil {
 		return fmt.Errorf("candidate: %w", err)
 	}
 	if _, err := proxyAuthority(c.Proxy.URL); err != nil {
@@ -270,21 +269,10 @@ func proxyAuthority(s string) (pinning.Authority, error) {
 	return a, nil
 }
 
-// Config is the Dial configuration of the candidate's credential; set
-// RootCAs, timeouts and Log as needed.
-func (c Candidate) Config() Config {
-	return Config{
-		BrokerURL:      c.Broker.URL,
-		HostID:         c.Broker.HostID,
-		CredentialKind: c.Broker.CredentialKind,
-		Token:          c.Broker.Token,
-	}
-}
-
 // Authority is the host and port of the Secure Link front, i.e. the server
 // name to verify in the inner TLS and the clients' pin-store key; "", 0
 // when the proxy URL is invalid.
-func (c Candidate) Authority() (host string, port int) {
+func (c BrokerCandidate) Authority() (host string, port int) {
 	a, err := proxyAuthority(c.Proxy.URL)
 	if err != nil {
 		return "", 0
@@ -293,12 +281,12 @@ func (c Candidate) Authority() (host string, port int) {
 }
 
 // Expired reports whether the credential's expiry has passed.
-func (c Candidate) Expired(now time.Time) bool { return c.Broker.ExpiresAt <= now.Unix() }
+func (c BrokerCandidate) Expired(now time.Time) bool { return c.Broker.ExpiresAt <= now.Unix() }
 
 // QRJSON is the candidate as it goes into the pairing QR: compact JSON with
 // the keys in the spec's order, integers as integers, HTML characters not
 // escaped, and the raw token. Treat the result as a secret.
-func (c Candidate) QRJSON() ([]byte, error) {
+func (c BrokerCandidate) QRJSON() ([]byte, error) {
 	type broker struct {
 		ProtocolVersion int    `json:"protocol_version"`
 		URL             string `json:"url"`
@@ -308,13 +296,13 @@ func (c Candidate) QRJSON() ([]byte, error) {
 		ExpiresAt       int64  `json:"expires_at"`
 	}
 	type qr struct {
-		Role         string         `json:"role"`
-		Priority     int            `json:"priority"`
-		Recommended  bool           `json:"recommended"`
-		Experimental bool           `json:"experimental"`
-		Security     string         `json:"security"`
-		Broker       broker         `json:"broker"`
-		Proxy        CandidateProxy `json:"proxy"`
+		Role         string      `json:"role"`
+		Priority     int         `json:"priority"`
+		Recommended  bool        `json:"recommended"`
+		Experimental bool        `json:"experimental"`
+		Security     string      `json:"security"`
+		Broker       broker      `json:"broker"`
+		Proxy        BrokerProxy `json:"proxy"`
 	}
 	v := qr{
 		Role: c.Role, Priority: c.Priority, Recommended: c.Recommended,
@@ -338,52 +326,19 @@ func (c Candidate) QRJSON() ([]byte, error) {
 }
 
 // CurlPin is the pin in curl's --pinnedpubkey form ("sha256//" + base64).
-func (c Candidate) CurlPin() string {
+func (c BrokerCandidate) CurlPin() string {
 	return "sha256//" + strings.TrimPrefix(c.Proxy.PinSHA256, pinning.PinPrefix)
 }
 
-// strictObject decodes one JSON object whose keys must be exactly keys,
-// each once, with nothing after it.
-func strictObject(data []byte, keys []string, what string) (map[string]json.RawMessage, error) {
-	bad := func(why string) (map[string]json.RawMessage, error) {
-		return nil, fmt.Errorf("%s: %s", what, why)
+// candidateObject reads one object of a candidate (internal/strictjson)
+// whose keys must be exactly keys.
+func candidateObject(data []byte, keys []string, what string) (strictjson.Object, error) {
+	obj, err := strictjson.ParseObject(data, maxCandidateBytes)
+	if err == nil {
+		err = obj.Keys(keys)
 	}
-	if !utf8.Valid(data) || !json.Valid(data) {
-		return bad("not valid JSON")
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return bad("not a JSON object")
-	}
-	obj := map[string]json.RawMessage{}
-	for dec.More() {
-		t, err := dec.Token()
-		key, ok := t.(string)
-		if err != nil || !ok {
-			return bad("not a JSON object")
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return bad("not a JSON object")
-		}
-		if _, dup := obj[key]; dup {
-			return bad(fmt.Sprintf("key %q appears twice", key))
-		}
-		if !slices.Contains(keys, key) {
-			return bad(fmt.Sprintf("unexpected key %q", key))
-		}
-		obj[key] = raw
-	}
-	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
-		return bad("not a JSON object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return bad("data after the JSON object")
-	}
-	for _, k := range keys {
-		if _, ok := obj[k]; !ok {
-			return bad(fmt.Sprintf("key %q is missing", k))
-		}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return obj, nil
 }

@@ -21,8 +21,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/hermes-securelink/securelink/admin"
-	"github.com/hermes-securelink/securelink/config"
+	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 

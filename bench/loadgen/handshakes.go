@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+func cmdHandshakes(args []string) error {
+	fs := flag.NewFlagSet("handshakes", flag.ExitOnError)
+	addr := fs.String("addr", "", "server host:port")
+	pin := fs.String("pin", "", "sha256/<b64> SPKI pin of the server")
+	conns := fs.Int("conns", 16, "concurrent handshake loops")
+	var win window
+	win.flags(fs, time.Second, "server pids for CPU accounting")
+	fs.Parse(args)
+	if err := loopbackOnly(*addr); err != nil {
+		return err
+	}
+	if *conns < 1 || *conns > maxConns {
+		return errors.New("bad -conns")
+	}
+	cfg, err := clientTLS(*pin, []string{"http/1.1"})
+	if err != nil {
+		return err
+	}
+	meter, err := win.meter()
+	if err != nil {
+		return err
+	}
+	var (
+		counting atomic.Bool
+		ok, fail atomic.Int64
+		lastErr  atomic.Value
+		state    atomic.Value
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < *conns; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				err := oneHandshake(*addr, cfg, &state)
+				if !counting.Load() {
+					continue
+				}
+				if err != nil {
+					fail.Add(1)
+					lastErr.Store(err.Error())
+					continue
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	time.Sleep(win.warm)
+	if err := meter.begin(); err != nil {
+		close(stop)
+		wg.Wait()
+		return err
+	}
+	counting.Store(true)
+	t0 := time.Now()
+	time.Sleep(win.dur)
+	counting.Store(false)
+	secs := time.Since(t0).Seconds()
+	cpu, err := meter.end()
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	n := ok.Load()
+	if n == 0 {
+		return fmt.Errorf("no handshake succeeded (%d failed; last: %v)", fail.Load(), lastErr.Load())
+	}
+	st, _ := state.Load().(tls.ConnectionState)
+	fmt.Printf("ops=%d fail=%d secs=%.2f rate=%.1f cpu_us=%.0f cpu_per_op_us=%.1f tls=%s cipher=%s curve=%s\n",
+		n, fail.Load(), secs, float64(n)/secs, cpu, cpu/float64(n),
+		strings.ReplaceAll(tls.VersionName(st.Version), " ", ""), tls.CipherSuiteName(st.CipherSuite), st.CurveID)
+	return nil
+}
+
+func oneHandshake(addr string, cfg *tls.Config, state *atomic.Value) error {
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	c := tls.Client(raw, cfg)
+	err = c.HandshakeContext(ctx)
+	if err == nil && state.Load() == nil {
+		state.Store(c.ConnectionState())
+	}
+	c.Close() // sends close_notify, so the server ends the connection quietly
+	return err
+}

@@ -36,6 +36,7 @@ var layers = map[string]int{
 	"internal/metrics": 1, "broker/wire": 1, "pinning": 1, "pinning/pinningtest": 1,
 
 	"broker/msgconn": 2, "broker/store": 2, "internal/pairing": 2, "internal/config": 2,
+	"internal/acme": 2,
 
 	// The roles: the Reach broker, connector and client, and the /relay
 	// bridge. Equal layers cannot import each other, so none of the broker

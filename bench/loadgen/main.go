@@ -63,6 +63,8 @@ func commands() []command {
 		{"waitport", "-addr ADDR -timeout D   wait until ADDR accepts TCP", cmdWaitPort},
 		{"get", "-url HTTPS -pin PIN     one pinned GET: print status and body length", cmdGet},
 		{"handshakes", "-addr ADDR -pin PIN     fresh TLS handshakes per second", cmdHandshakes},
+		{"h3", "-url HTTPS -pin PIN -conns N -size B   GET loop over HTTP/3 (QUIC): rate, MB/s, server CPU", cmdH3},
+		{"h3get", "-url HTTPS -pin PIN     one pinned GET over HTTP/3: print status and body length", cmdH3Get},
 		{"echo", "-url WSS -pin PIN       WebSocket echo round trips\n" +
 			"             (-reach CRED -ca-file PEM: the WebSocket goes through the broker)", cmdEcho},
 		{"idle", "-url WSS -pin PIN       RSS increase for idle WebSockets", cmdIdle},
@@ -452,6 +454,72 @@ func (w *window) meter() (*cpuMeter, error) {
 	return newCPUMeter(w.pids)
 }
 
+// loopResult is what window.loop counted inside the measured window.
+type loopResult struct {
+	ok, fail, bytes int64
+	secs, cpu       float64 // measured seconds, server CPU µs
+	lastErr         string
+}
+
+// loop runs workers goroutines, each calling op back to back, through the
+// warm-up and the measured window; only operations that end inside the
+// window count (op returns the bytes it moved).
+func (w *window) loop(workers int, op func(worker int) (int64, error)) (loopResult, error) {
+	var res loopResult
+	meter, err := w.meter()
+	if err != nil {
+		return res, err
+	}
+	var (
+		counting         atomic.Bool
+		ok, fail, nbytes atomic.Int64
+		lastErr          atomic.Value
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n, err := op(i)
+				if !counting.Load() {
+					continue
+				}
+				if err != nil {
+					fail.Add(1)
+					lastErr.Store(err.Error())
+					continue
+				}
+				ok.Add(1)
+				nbytes.Add(n)
+			}
+		}()
+	}
+	time.Sleep(w.warm)
+	if err := meter.begin(); err != nil {
+		close(stop)
+		wg.Wait()
+		return res, err
+	}
+	counting.Store(true)
+	t0 := time.Now()
+	time.Sleep(w.dur)
+	counting.Store(false)
+	res.secs = time.Since(t0).Seconds()
+	res.cpu, err = meter.end()
+	close(stop)
+	wg.Wait()
+	res.ok, res.fail, res.bytes = ok.Load(), fail.Load(), nbytes.Load()
+	res.lastErr, _ = lastErr.Load().(string)
+	return res, err
+}
+
 func newCPUMeter(pids string) (*cpuMeter, error) {
 	if pids == "" {
 		return nil, nil
@@ -534,6 +602,16 @@ func cmdWaitPort(args []string) error {
 
 // loopbackOnly refuses any target that is not a loopback IP literal: the bench
 // must never send traffic off the machine.
+// loopbackURL accepts only https:// URLs on a loopback IP address.
+func loopbackURL(u string) error {
+	rest, ok := strings.CutPrefix(u, "https://")
+	if !ok {
+		return errors.New("-url must be https://127.0.0.1:PORT/path")
+	}
+	hostport, _, _ := strings.Cut(rest, "/")
+	return loopbackOnly(hostport)
+}
+
 func loopbackOnly(hostport string) error {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
@@ -596,12 +674,7 @@ func cmdGet(args []string) error {
 	url := fs.String("url", "", "https://127.0.0.1:PORT/path")
 	pin := fs.String("pin", "", "sha256/<b64> SPKI pin of the server")
 	fs.Parse(args)
-	rest, ok := strings.CutPrefix(*url, "https://")
-	if !ok {
-		return errors.New("-url must be https://127.0.0.1:PORT/path")
-	}
-	hostport, _, _ := strings.Cut(rest, "/")
-	if err := loopbackOnly(hostport); err != nil {
+	if err := loopbackURL(*url); err != nil {
 		return err
 	}
 	cfg, err := clientTLS(*pin, []string{"http/1.1"})
@@ -640,65 +713,18 @@ func cmdHandshakes(args []string) error {
 	if err != nil {
 		return err
 	}
-	meter, err := win.meter()
+	var state atomic.Value
+	res, err := win.loop(*conns, func(int) (int64, error) { return 0, oneHandshake(*addr, cfg, &state) })
 	if err != nil {
 		return err
 	}
-	var (
-		counting atomic.Bool
-		ok, fail atomic.Int64
-		lastErr  atomic.Value
-		state    atomic.Value
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := 0; i < *conns; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				err := oneHandshake(*addr, cfg, &state)
-				if !counting.Load() {
-					continue
-				}
-				if err != nil {
-					fail.Add(1)
-					lastErr.Store(err.Error())
-					continue
-				}
-				ok.Add(1)
-			}
-		}()
-	}
-	time.Sleep(win.warm)
-	if err := meter.begin(); err != nil {
-		close(stop)
-		wg.Wait()
-		return err
-	}
-	counting.Store(true)
-	t0 := time.Now()
-	time.Sleep(win.dur)
-	counting.Store(false)
-	secs := time.Since(t0).Seconds()
-	cpu, err := meter.end()
-	close(stop)
-	wg.Wait()
-	if err != nil {
-		return err
-	}
-	n := ok.Load()
+	n, secs, cpu := res.ok, res.secs, res.cpu
 	if n == 0 {
-		return fmt.Errorf("no handshake succeeded (%d failed; last: %v)", fail.Load(), lastErr.Load())
+		return fmt.Errorf("no handshake succeeded (%d failed; last: %v)", res.fail, res.lastErr)
 	}
 	st, _ := state.Load().(tls.ConnectionState)
 	fmt.Printf("ops=%d fail=%d secs=%.2f rate=%.1f cpu_us=%.0f cpu_per_op_us=%.1f tls=%s cipher=%s curve=%s\n",
-		n, fail.Load(), secs, float64(n)/secs, cpu, cpu/float64(n),
+		n, res.fail, secs, float64(n)/secs, cpu, cpu/float64(n),
 		strings.ReplaceAll(tls.VersionName(st.Version), " ", ""), tls.CipherSuiteName(st.CipherSuite), st.CurveID)
 	return nil
 }

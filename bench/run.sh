@@ -14,6 +14,8 @@
 #   BENCH_ONLY=front|nginx   measure one server only (no ratio column values)
 #   BENCH_ONLY=reach         only the Reach figures (bench/reach.sh): broker
 #                            vs direct, through our broker and connector
+#   BENCH_ONLY=h3            only the HTTP/3 block: the front (http3: true)
+#                            and Caddy, over HTTP/3 and over TCP
 #
 # The table goes to stdout and to bench/results/latest.txt; progress to stderr.
 set -euo pipefail
@@ -38,13 +40,16 @@ GET_CONNS=32
 ECHO_CONNS=32
 HS_LOOPS=16
 SERVERS=(front nginx)
+FIGURES=(idle get download handshakes echo)
 REACH=1
+H3=1 # the HTTP/3 block: front and Caddy (Debian's caddy serves h3)
 case $ONLY in
 "") ;;
-front | nginx) SERVERS=("$ONLY") REACH=0 ;;
-reach) SERVERS=() ;;
+front | nginx) SERVERS=("$ONLY") REACH=0 H3=0 ;;
+reach) SERVERS=() H3=0 ;;
+h3) SERVERS=(front) FIGURES=(get download) REACH=0 ;;
 *)
-	echo "BENCH_ONLY must be front, nginx or reach" >&2
+	echo "BENCH_ONLY must be front, nginx, reach or h3" >&2
 	exit 2
 	;;
 esac
@@ -88,8 +93,12 @@ install_pkgs() {
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 missing=()
 if ((${#SERVERS[@]})); then # BENCH_ONLY=reach needs neither nginx nor wrk
-	[[ -x $NGINX ]] || missing+=(nginx)
+	[[ -x $NGINX || $ONLY == h3 ]] || missing+=(nginx)
 	command -v wrk >/dev/null || missing+=(wrk)
+fi
+CADDY=$(command -v caddy || echo /usr/bin/caddy)
+if ((H3)); then
+	[[ -x $CADDY ]] || missing+=(caddy)
 fi
 command -v taskset >/dev/null || missing+=(util-linux)
 command -v openssl >/dev/null || missing+=(openssl)
@@ -99,9 +108,13 @@ fi
 if ((${#missing[@]})); then
 	install_pkgs "${missing[@]}"
 	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+	CADDY=$(command -v caddy || echo /usr/bin/caddy)
 fi
-if ((${#SERVERS[@]})); then
+if ((${#SERVERS[@]})) && [[ $ONLY != h3 ]]; then
 	[[ -x $NGINX ]] || die "nginx not found after install"
+fi
+if ((H3)); then
+	[[ -x $CADDY ]] || die "caddy not found after install"
 fi
 
 NCPU=$(nproc)
@@ -145,7 +158,7 @@ cleanup() {
 	stop_pids "${all[@]}"
 	if [[ -d $WORK ]]; then
 		mkdir -p "$RESULTS/logs"
-		cp -f "$WORK"/*.log "$WORK"/nginx/*.log "$RESULTS/logs/" 2>/dev/null || true
+		cp -f "$WORK"/*.log "$WORK"/nginx/*.log "$WORK"/caddy/*.log "$RESULTS/logs/" 2>/dev/null || true
 		rm -rf "$WORK"
 	fi
 	exit "$rc"
@@ -177,7 +190,8 @@ if [[ $PPROF == 1 ]]; then
 fi
 [[ ( " ${SERVERS[*]} " != *" front "* && $REACH == 0 ) || -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
 
-read -r UP_PORT FRONT_PORT NGINX_PORT BROKER_PORT RFRONT_PORT < <("$LG" freeports -n 5)
+# The HTTP/3 servers (front, Caddy) also take their TCP port's number on UDP.
+read -r UP_PORT FRONT_PORT NGINX_PORT BROKER_PORT RFRONT_PORT CADDY_PORT < <("$LG" freeports -n 6)
 
 # ------------------------------------------------------------------ upstream
 
@@ -190,18 +204,22 @@ BG_PIDS+=($UP_PID)
 # ------------------------------------------------------------------ front
 
 declare -A PID URL PIN
+H3_FRONT=$H3 H3_NOTE=""
 start_front() {
+	local h3=false
+	((H3_FRONT)) && h3=true
 	cat >"$WORK/front.yaml" <<EOF
 listen: "127.0.0.1:$FRONT_PORT"
 advertise: "127.0.0.1"
 state_dir: "$WORK/state"
+http3: $h3
 upstreams:
   relay: "http://127.0.0.1:$UP_PORT"
   api: "http://127.0.0.1:$UP_PORT"
   dashboard: "http://127.0.0.1:$UP_PORT"
 log: {level: warn, format: json}
 EOF
-	log "starting front on 127.0.0.1:$FRONT_PORT (core $SERVER_CPU)"
+	log "starting front on 127.0.0.1:$FRONT_PORT (core $SERVER_CPU, http3: $h3)"
 	taskset -c "$SERVER_CPU" "$FRONT_BIN" serve --config "$WORK/front.yaml" >"$WORK/front.out" 2>"$WORK/front.log" &
 	PID[front]=$!
 	BG_PIDS+=(${PID[front]})
@@ -212,6 +230,13 @@ EOF
 		kill -0 "${PID[front]}" 2>/dev/null || break
 		sleep 0.1
 	done
+	if [[ -z $line ]] && ((H3_FRONT)) && grep -q 'HTTP/3 is not supported yet' "$WORK/front.log" 2>/dev/null; then
+		# A build whose daemon does not run HTTP/3 yet: TCP figures only.
+		H3_FRONT=0 H3_NOTE="this securelink build refuses http3: true: no front HTTP/3 figures"
+		log "$H3_NOTE"
+		start_front
+		return
+	fi
 	if [[ -z $line ]]; then
 		tail -n 20 "$WORK/front.log" >&2 || true
 		die "front did not print its listening line within 30 s"
@@ -224,23 +249,29 @@ EOF
 
 # ------------------------------------------------------------------ nginx
 
-start_nginx() {
-	local ident="$WORK/state/identity.pem" nd="$WORK/nginx"
-	mkdir -p "$nd/tmp"
-	chmod 711 "$nd"
+# server_key SERVER DIR: DIR/cert.pem and DIR/key.pem (0600) for a peer
+# server: the front's identity split in two, so both hold the same key; with
+# no front (BENCH_ONLY=nginx) a throwaway P-256 key of the same kind.
+server_key() {
+	local s=$1 dir=$2 ident="$WORK/state/identity.pem"
 	if [[ -n ${PIN[front]:-} ]]; then
 		[[ -r $ident ]] || die "$ident not found"
-		# One PEM file holds certificate and key; nginx gets them split (0600).
-		(umask 077 && awk '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/' "$ident" >"$nd/cert.pem" &&
-			awk '/-----BEGIN .*PRIVATE KEY-----/,/-----END .*PRIVATE KEY-----/' "$ident" >"$nd/key.pem")
-		PIN[nginx]=${PIN[front]}
+		(umask 077 && awk '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/' "$ident" >"$dir/cert.pem" &&
+			awk '/-----BEGIN .*PRIVATE KEY-----/,/-----END .*PRIVATE KEY-----/' "$ident" >"$dir/key.pem")
+		PIN[$s]=${PIN[front]}
 	else
-		# BENCH_ONLY=nginx: a throwaway P-256 key of the same kind.
 		(umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-			-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout "$nd/key.pem" -out "$nd/cert.pem" 2>/dev/null)
-		PIN[nginx]="sha256/$(openssl x509 -in "$nd/cert.pem" -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64)"
+			-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout "$dir/key.pem" -out "$dir/cert.pem" 2>/dev/null)
+		PIN[$s]="sha256/$(openssl x509 -in "$dir/cert.pem" -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64)"
 	fi
-	[[ -s $nd/cert.pem && -s $nd/key.pem ]] || die "could not split $ident into certificate and key"
+	[[ -s $dir/cert.pem && -s $dir/key.pem ]] || die "could not split $ident into certificate and key"
+}
+
+start_nginx() {
+	local nd="$WORK/nginx"
+	mkdir -p "$nd/tmp"
+	chmod 711 "$nd"
+	server_key nginx "$nd"
 	cat >"$nd/nginx.conf" <<EOF
 # Generated by bench/run.sh: nginx as the front's equivalent, for comparison.
 worker_processes 1;
@@ -311,22 +342,86 @@ EOF
 	URL[nginx]="127.0.0.1:$NGINX_PORT"
 }
 
+# ------------------------------------------------------------------ caddy
+
+# Caddy, the HTTP/3 peer: nginx's routes (/api/ with the prefix stripped,
+# /relay/health), TCP and UDP on one loopback port, the front's key.
+start_caddy() {
+	local cd="$WORK/caddy"
+	mkdir -p "$cd/data" "$cd/config"
+	chmod 700 "$cd"
+	server_key caddy "$cd"
+	cat >"$cd/Caddyfile" <<EOF
+# Generated by bench/run.sh: Caddy as the front's HTTP/3 peer, for comparison.
+{
+	admin off
+	auto_https off
+	storage file_system $cd/data
+	servers {
+		protocols h1 h2 h3
+	}
+	log {
+		output file $cd/caddy.log
+		level WARN
+	}
+}
+https://127.0.0.1:$CADDY_PORT {
+	bind 127.0.0.1
+	tls $cd/cert.pem $cd/key.pem
+	handle_path /api/* {
+		reverse_proxy 127.0.0.1:$UP_PORT
+	}
+	handle /relay/health {
+		rewrite * /health
+		reverse_proxy 127.0.0.1:$UP_PORT
+	}
+	handle {
+		respond 404
+	}
+}
+EOF
+	HOME=$cd XDG_DATA_HOME=$cd/data XDG_CONFIG_HOME=$cd/config \
+		"$CADDY" validate --config "$cd/Caddyfile" --adapter caddyfile >"$cd/validate.log" 2>&1 ||
+		{ tail -n 5 "$cd/validate.log" >&2; die "caddy rejected its configuration"; }
+	log "starting caddy on 127.0.0.1:$CADDY_PORT (TCP + UDP, core $SERVER_CPU)"
+	HOME=$cd XDG_DATA_HOME=$cd/data XDG_CONFIG_HOME=$cd/config \
+		taskset -c "$SERVER_CPU" "$CADDY" run --config "$cd/Caddyfile" --adapter caddyfile >"$cd/stdout.log" 2>&1 &
+	PID[caddy]=$!
+	BG_PIDS+=(${PID[caddy]})
+	"$LG" waitport -addr "127.0.0.1:$CADDY_PORT" -timeout 20s || die "caddy did not listen"
+	URL[caddy]="127.0.0.1:$CADDY_PORT"
+}
+
 for s in "${SERVERS[@]}"; do
 	case $s in
 	front) start_front ;;
 	nginx) start_nginx ;;
 	esac
 done
+H3_SERVERS=()
+if ((H3)); then
+	start_caddy
+	((H3_FRONT)) && H3_SERVERS+=(front)
+	H3_SERVERS+=(caddy)
+fi
 # The same key on both sides is what makes the handshake figure comparable.
 if [[ -n ${PIN[front]:-} && -n ${PIN[nginx]:-} ]]; then
 	[[ ${PIN[front]} == "${PIN[nginx]}" ]] || die "front and nginx pins differ"
 fi
 
 # Sanity: each server must answer the routes the figures use.
-for s in "${SERVERS[@]}"; do
+TCP_SERVERS=("${SERVERS[@]}")
+((H3)) && TCP_SERVERS+=(caddy)
+for s in "${TCP_SERVERS[@]}"; do
 	for path in /api/small /api/big /relay/health; do
 		out=$("$LG" get -url "https://${URL[$s]}$path" -pin "${PIN[$s]}") || die "$s $path: request failed"
 		[[ $out == status=200* ]] || die "$s $path: $out"
+	done
+done
+for s in "${H3_SERVERS[@]}"; do
+	for path in /api/small /api/big; do
+		out=$("$LG" h3get -url "https://${URL[$s]}$path" -pin "${PIN[$s]}") || die "$s $path over HTTP/3: request failed"
+		[[ $out == status=200*proto=HTTP/3* ]] || die "$s $path over HTTP/3: $out"
 	done
 done
 
@@ -383,6 +478,35 @@ measure_download() {
 	}
 	R[dl_mbs.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n*8388608/d/1e6}')
 	R[dl_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.0f", c/(n*8)}')
+}
+
+# measure_h3 SERVER PATH CONNS SIZE -> "ops secs cpu_us" over HTTP/3
+measure_h3() {
+	local s=$1 out
+	out=$(load "$LG" h3 -url "https://${URL[$s]}$2" -pin "${PIN[$s]}" -conns "$3" -size "$4" \
+		-duration "${DUR}s" -warmup "${WARM}s" -pids "${PID[$s]}") || {
+		fail "$s HTTP/3 $2 failed"
+		return 1
+	}
+	log "$s h3 $2 x$3: $out"
+	(($(kv fail "$out") == 0)) || fail "$s HTTP/3 $2: $(kv fail "$out") failed requests"
+	echo "$(kv ops "$out") $(kv secs "$out") $(kv cpu_us "$out")"
+}
+
+measure_h3_get() {
+	local s=$1 n d cpu
+	read -r n d cpu < <(measure_h3 "$s" /api/small "$GET_CONNS" 100) || return 0
+	[[ -n $n ]] || return 0
+	R[h3get_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.1f", c/n}')
+	R[h3get_rps.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n/d}')
+}
+
+measure_h3_download() {
+	local s=$1 n d cpu
+	read -r n d cpu < <(measure_h3 "$s" /api/big 1 8388608) || return 0
+	[[ -n $n ]] || return 0
+	R[h3dl_mbs.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n*8388608/d/1e6}')
+	R[h3dl_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.0f", c/(n*8)}')
 }
 
 measure_handshakes() {
@@ -458,7 +582,7 @@ profile_front() {
 # Idle WebSockets first, on freshly started servers: heap freed by earlier
 # figures would otherwise absorb part of the increase. Then interleaved per
 # figure, so drift on the shared machine hits both servers alike.
-for fig in idle get download handshakes echo; do
+for fig in "${FIGURES[@]}"; do
 	((${#SERVERS[@]})) || break
 	for s in "${SERVERS[@]}"; do
 		log "$fig: $s"
@@ -466,6 +590,20 @@ for fig in idle get download handshakes echo; do
 	done
 	if [[ $fig == idle ]]; then sleep 1; fi # let the closed sockets drain before CPU figures
 done
+# The HTTP/3 block: Caddy's TCP figures next to the front's above, then both
+# servers over HTTP/3, interleaved per figure.
+if ((H3)); then
+	for fig in get download; do
+		log "$fig: caddy"
+		"measure_$fig" caddy
+	done
+	for fig in h3_get h3_download; do
+		for s in "${H3_SERVERS[@]}"; do
+			log "$fig: $s"
+			"measure_$fig" "$s"
+		done
+	done
+fi
 profile_front
 
 # The Reach figures run after the front/nginx ones, with their own broker and
@@ -484,8 +622,9 @@ for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY; do
 	[[ -n ${!v:-} ]] && ENVS+="$v=${!v} "
 done
 CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
-NGINX_V="" NGINX_SSL=""
-if ((${#SERVERS[@]})); then
+NGINX_V="" NGINX_SSL="" CADDY_V=""
+((H3)) && CADDY_V=$("$CADDY" version 2>/dev/null | awk '{print $1; exit}')
+if ((${#SERVERS[@]})) && [[ $ONLY != h3 ]]; then
 	NGINX_V=$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')
 	NGINX_SSL=$("$NGINX" -V 2>&1 | sed -n 's/^built with //p' | head -n1)
 fi
@@ -496,8 +635,9 @@ ratio() {
 }
 # printf pads by bytes; "µ" is two, so widen the field by the difference.
 pad() { local b c; b=$(printf %s "$1" | LC_ALL=C wc -c); c=$(printf %s "$1" | LC_ALL=C.UTF-8 wc -m); echo $((44 + b - c)); }
-row() { # label key better
-	local f=${R[$2.front]:-} n=${R[$2.nginx]:-}
+row() { # label key better [peer, default nginx]
+	local p=${4:-nginx}
+	local f=${R[$2.front]:-} n=${R[$2.$p]:-}
 	printf "%-$(pad "$1")s %10s %10s %11s   %s\n" "$1" "${f:--}" "${n:--}" "$(ratio "$f" "$n")" "$3"
 }
 # busy SERVER RATE_KEY CPU_EACH_KEY [scale]: share of the server core a rate used,
@@ -525,6 +665,8 @@ busy_line() { # label rate_key cpu_key [scale]
 	echo "binary:   securelink $FRONT_V ($FRONT_BIN${PPROF_BUILD:+, unstripped build for perf})"
 	if ((${#SERVERS[@]} == 0)); then
 		echo "cpu:      $CPU_MODEL, $NCPU cores"
+	elif [[ $ONLY == h3 ]]; then
+		echo "cpu:      $CPU_MODEL, $NCPU cores; server on core $SERVER_CPU, load generator + upstream on core $LOAD_CPU"
 	else
 		echo "nginx:    $NGINX_V ($NGINX_SSL), wrk: $(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
 		echo "cpu:      $CPU_MODEL, $NCPU cores; server on core $SERVER_CPU, load generator + upstream on core $LOAD_CPU"
@@ -566,6 +708,33 @@ busy_line() { # label rate_key cpu_key [scale]
 		echo "- ratio = front/nginx in this run. The machine may be shared: rates swing between runs,"
 		echo "  CPU per operation is the steadier comparison."
 		[[ -n $PPROF_NOTE ]] && printf -- '- %s\n' "$PPROF_NOTE"
+	fi
+	if ((H3)); then
+		echo
+		echo "HTTP/3 — caddy $CADDY_V (Debian package) as the peer: TCP and UDP on one port, the front's key"
+		printf '%-44s %10s %10s %11s   %s\n' "figure" "front" "caddy" "front/caddy" "better"
+		row "small GET, TCP: server CPU µs/request" get_cpu lower caddy
+		row "small GET, HTTP/3: server CPU µs/request" h3get_cpu lower caddy
+		row "small GET, TCP: requests/s" get_rps higher caddy
+		row "small GET, HTTP/3: requests/s" h3get_rps higher caddy
+		row "8 MiB download, TCP: MB/s" dl_mbs higher caddy
+		row "8 MiB download, HTTP/3: MB/s" h3dl_mbs higher caddy
+		row "8 MiB download, TCP: server CPU µs/MiB" dl_cpu lower caddy
+		row "8 MiB download, HTTP/3: server CPU µs/MiB" h3dl_cpu lower caddy
+		echo
+		echo "notes:"
+		echo "- TCP rows: wrk -t1 over HTTP/1.1 keep-alive. HTTP/3 rows: loadgen h3 (quic-go"
+		echo "  client, pinned, one request in flight per QUIC connection): small GET with $GET_CONNS"
+		echo "  connections, 8 MiB download with 1; every answer checked for status 200 and its length."
+		echo "- front: http3: true (ServeQUIC on the listen address). Caddy: protocols h1 h2 h3,"
+		echo "  handle_path /api/* -> reverse_proxy (which streams), admin off, logs at WARN."
+		busy_h3=()
+		for s in "${H3_SERVERS[@]}"; do
+			b=$(busy "$s" h3get_rps h3get_cpu)
+			[[ -n $b ]] && busy_h3+=("$b")
+		done
+		((${#busy_h3[@]})) && echo "- server core busy during the HTTP/3 small GET: $(IFS=,; echo "${busy_h3[*]}" | sed 's/,/, /g')"
+		[[ -n $H3_NOTE ]] && echo "- $H3_NOTE"
 	fi
 	if ((REACH)); then
 		echo

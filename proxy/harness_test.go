@@ -198,6 +198,7 @@ type harness struct {
 	ln    net.Listener
 	port  int
 	addr  string // 127.0.0.1:port, the authority
+	udp   string // the HTTP/3 socket's address, once serveHTTP3 ran
 	idCfg pinning.IdentityConfig
 	id    *pinning.Identity
 	opts  Options

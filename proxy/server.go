@@ -52,6 +52,8 @@ type Server struct {
 	sniRejected atomic.Uint64
 	metrics     *metrics.Front
 
+	h3 quicFront // HTTP/3, when ServeQUIC runs (http3.go)
+
 	mu               sync.Mutex
 	upgraded         map[net.Conn]struct{}     // byte-level upgrades, closed on Shutdown
 	streams          map[*eventStream]struct{} // open event streams, ended on Shutdown
@@ -191,6 +193,7 @@ func (s *Server) RegisterMetrics(m *metrics.Front) {
 	if m == nil {
 		return
 	}
+	s.registerQUICMetrics(m)
 	const wsHelp = "Open WebSockets: relay = /relay/ws bridges, passthrough = byte-level upgrades on /api and /dashboard."
 	m.GaugeFunc("securelink_websockets_active", wsHelp, prometheus.Labels{"ns": "relay"},
 		func() float64 { return float64(s.bridge.Active()) })
@@ -251,14 +254,15 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // Shutdown stops accepting, ends open event streams cleanly at once (they
 // would otherwise hold the drain for all of ctx and then be cut), lets the
-// other in-flight requests finish until ctx ends, closes bridged WebSockets
-// with 1001 and byte-level upgrades, and returns.
+// other in-flight requests finish until ctx ends (on TCP and on HTTP/3),
+// closes bridged WebSockets with 1001 and byte-level upgrades, and returns.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.endStreams()
-	bridgeErr := make(chan error, 1)
+	bridgeErr, quicErr := make(chan error, 1), make(chan error, 1)
 	go func() { bridgeErr <- s.bridge.Shutdown(ctx) }()
+	go func() { quicErr <- s.shutdownQUIC(ctx) }()
 	httpErr := s.http.Shutdown(ctx)
-	err := errors.Join(httpErr, <-bridgeErr)
+	err := errors.Join(httpErr, <-bridgeErr, <-quicErr)
 	s.closeUpgrades()
 	s.prober.Close()
 	st := s.state.Load()
@@ -269,7 +273,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // Close stops everything at once.
 func (s *Server) Close() error {
-	err := s.http.Close()
+	err := errors.Join(s.http.Close(), s.closeQUIC())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	s.bridge.Shutdown(ctx)
@@ -344,6 +348,7 @@ func (s *Server) Availability(ctx context.Context) relay.Availability {
 
 // ServeHTTP answers one request, recording it when metrics are on.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.advertiseHTTP3(w, r)
 	if s.metrics == nil {
 		s.route(w, r)
 		return

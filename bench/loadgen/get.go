@@ -1,12 +1,10 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 )
 
@@ -17,12 +15,7 @@ func cmdGet(args []string) error {
 	url := fs.String("url", "", "https://127.0.0.1:PORT/path")
 	pin := fs.String("pin", "", "sha256/<b64> SPKI pin of the server")
 	fs.Parse(args)
-	rest, ok := strings.CutPrefix(*url, "https://")
-	if !ok {
-		return errors.New("-url must be https://127.0.0.1:PORT/path")
-	}
-	hostport, _, _ := strings.Cut(rest, "/")
-	if err := loopbackOnly(hostport); err != nil {
+	if err := loopbackURL(*url); err != nil {
 		return err
 	}
 	cfg, err := clientTLS(*pin, []string{"http/1.1"})

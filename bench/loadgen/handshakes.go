@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -31,65 +30,18 @@ func cmdHandshakes(args []string) error {
 	if err != nil {
 		return err
 	}
-	meter, err := win.meter()
+	var state atomic.Value
+	res, err := win.loop(*conns, func(int) (int64, error) { return 0, oneHandshake(*addr, cfg, &state) })
 	if err != nil {
 		return err
 	}
-	var (
-		counting atomic.Bool
-		ok, fail atomic.Int64
-		lastErr  atomic.Value
-		state    atomic.Value
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := 0; i < *conns; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				err := oneHandshake(*addr, cfg, &state)
-				if !counting.Load() {
-					continue
-				}
-				if err != nil {
-					fail.Add(1)
-					lastErr.Store(err.Error())
-					continue
-				}
-				ok.Add(1)
-			}
-		}()
-	}
-	time.Sleep(win.warm)
-	if err := meter.begin(); err != nil {
-		close(stop)
-		wg.Wait()
-		return err
-	}
-	counting.Store(true)
-	t0 := time.Now()
-	time.Sleep(win.dur)
-	counting.Store(false)
-	secs := time.Since(t0).Seconds()
-	cpu, err := meter.end()
-	close(stop)
-	wg.Wait()
-	if err != nil {
-		return err
-	}
-	n := ok.Load()
+	n, secs, cpu := res.ok, res.secs, res.cpu
 	if n == 0 {
-		return fmt.Errorf("no handshake succeeded (%d failed; last: %v)", fail.Load(), lastErr.Load())
+		return fmt.Errorf("no handshake succeeded (%d failed; last: %v)", res.fail, res.lastErr)
 	}
 	st, _ := state.Load().(tls.ConnectionState)
 	fmt.Printf("ops=%d fail=%d secs=%.2f rate=%.1f cpu_us=%.0f cpu_per_op_us=%.1f tls=%s cipher=%s curve=%s\n",
-		n, fail.Load(), secs, float64(n)/secs, cpu, cpu/float64(n),
+		n, res.fail, secs, float64(n)/secs, cpu, cpu/float64(n),
 		strings.ReplaceAll(tls.VersionName(st.Version), " ", ""), tls.CipherSuiteName(st.CipherSuite), st.CurveID)
 	return nil
 }

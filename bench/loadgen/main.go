@@ -54,6 +54,8 @@ func commands() []command {
 		{"waitport", "-addr ADDR -timeout D   wait until ADDR accepts TCP", cmdWaitPort},
 		{"get", "-url HTTPS -pin PIN     one pinned GET: print status and body length", cmdGet},
 		{"handshakes", "-addr ADDR -pin PIN     fresh TLS handshakes per second", cmdHandshakes},
+		{"h3", "-url HTTPS -pin PIN -conns N -size B   GET loop over HTTP/3 (QUIC): rate, MB/s, server CPU", cmdH3},
+		{"h3get", "-url HTTPS -pin PIN     one pinned GET over HTTP/3: print status and body length", cmdH3Get},
 		{"echo", "-url WSS -pin PIN       WebSocket echo round trips\n" +
 			"             (-reach CRED -ca-file PEM: the WebSocket goes through the broker)", cmdEcho},
 		{"idle", "-url WSS -pin PIN       RSS increase for idle WebSockets", cmdIdle},
@@ -94,6 +96,16 @@ func usage() {
 }
 
 // ---------------------------------------------------------------- small helpers
+
+// loopbackURL accepts only https:// URLs on a loopback IP address.
+func loopbackURL(u string) error {
+	rest, ok := strings.CutPrefix(u, "https://")
+	if !ok {
+		return errors.New("-url must be https://127.0.0.1:PORT/path")
+	}
+	hostport, _, _ := strings.Cut(rest, "/")
+	return loopbackOnly(hostport)
+}
 
 // loopbackOnly refuses any target that is not a loopback IP literal: the bench
 // must never send traffic off the machine.

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -170,6 +172,72 @@ func (w *window) meter() (*cpuMeter, error) {
 		return nil, errors.New("bad -duration/-warmup")
 	}
 	return newCPUMeter(w.pids)
+}
+
+// loopResult is what window.loop counted inside the measured window.
+type loopResult struct {
+	ok, fail, bytes int64
+	secs, cpu       float64 // measured seconds, server CPU µs
+	lastErr         string
+}
+
+// loop runs workers goroutines, each calling op back to back, through the
+// warm-up and the measured window; only operations that end inside the
+// window count (op returns the bytes it moved).
+func (w *window) loop(workers int, op func(worker int) (int64, error)) (loopResult, error) {
+	var res loopResult
+	meter, err := w.meter()
+	if err != nil {
+		return res, err
+	}
+	var (
+		counting         atomic.Bool
+		ok, fail, nbytes atomic.Int64
+		lastErr          atomic.Value
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n, err := op(i)
+				if !counting.Load() {
+					continue
+				}
+				if err != nil {
+					fail.Add(1)
+					lastErr.Store(err.Error())
+					continue
+				}
+				ok.Add(1)
+				nbytes.Add(n)
+			}
+		}()
+	}
+	time.Sleep(w.warm)
+	if err := meter.begin(); err != nil {
+		close(stop)
+		wg.Wait()
+		return res, err
+	}
+	counting.Store(true)
+	t0 := time.Now()
+	time.Sleep(w.dur)
+	counting.Store(false)
+	res.secs = time.Since(t0).Seconds()
+	res.cpu, err = meter.end()
+	close(stop)
+	wg.Wait()
+	res.ok, res.fail, res.bytes = ok.Load(), fail.Load(), nbytes.Load()
+	res.lastErr, _ = lastErr.Load().(string)
+	return res, err
 }
 
 func newCPUMeter(pids string) (*cpuMeter, error) {

@@ -197,9 +197,9 @@ func TestRotateAndSIGHUP(t *testing.T) {
 func TestServeRefusesUnsupportedAndBadConfig(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "c.yaml")
-	os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "s")+"\nhttp3: true\n"), 0o600)
+	os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "s")+"\ntls:\n  mode: acme\n"), 0o600)
 	_, se, err := runCLI(t, "serve", "--config", p)
-	if err == nil || !strings.Contains(se, "not supported yet") || !strings.Contains(se, p+":2") {
+	if err == nil || !strings.Contains(se, "not supported yet") || !strings.Contains(se, p+":3") {
 		t.Fatalf("want not-supported error naming file:line, got %v %s", err, se)
 	}
 	os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "s")+"\nlisten: \":9443\"\nupstream:\n  api: x\n"), 0o600)

@@ -39,7 +39,7 @@ type Config struct {
 	ExtraNames    []string  `yaml:"extra_names"`    // more SAN names / accepted Host values
 	StateDir      string    `yaml:"state_dir"`      // see ResolveStateDir
 	TLS           TLS       `yaml:"tls"`
-	HTTP3         bool      `yaml:"http3"` // not supported yet
+	HTTP3         bool      `yaml:"http3"` // also serve HTTP/3 on the listen address's UDP port
 	Upstreams     Upstreams `yaml:"upstreams"`
 	Relay         Relay     `yaml:"relay"`
 	Reach         Reach     `yaml:"reach"`
@@ -272,9 +272,6 @@ func (c *Config) Unsupported() error {
 	var errs []error
 	if c.TLS.Mode == "acme" {
 		errs = append(errs, c.Errorf("tls.mode", "acme is not supported yet; use self_signed or files"))
-	}
-	if c.HTTP3 {
-		errs = append(errs, c.Errorf("http3", "HTTP/3 is not supported yet; set http3: false"))
 	}
 	return errors.Join(errs...)
 }

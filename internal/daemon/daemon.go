@@ -66,6 +66,7 @@ type daemon struct {
 	started    time.Time
 	listenAddr string
 	boundPort  int
+	http3      bool // serving HTTP/3 on the listen address's UDP port
 	metrics    *metrics.Front
 	metricsAt  string
 	reach      *connector.Connector
@@ -174,8 +175,19 @@ func Run(ctx context.Context, o Options) error {
 	}()
 	defer adm.Close()
 
-	serveErr := make(chan error, 2)
+	serveErr := make(chan error, 3)
 	go func() { serveErr <- front.Serve(ln) }()
+	if e.Cfg.HTTP3 {
+		// The same address over UDP: the bound TCP address, so a
+		// configured :0 gives both transports one port.
+		pc, err := net.ListenPacket("udp", ln.Addr().String())
+		if err != nil {
+			return fmt.Errorf("http3: listen udp %s: %w", ln.Addr(), err)
+		}
+		defer pc.Close()
+		d.http3 = true
+		go func() { serveErr <- front.ServeQUIC(pc) }()
+	}
 	if d.reach != nil {
 		// Broker streams are served in memory by the same front: one policy
 		// path, and ServeReach marks them for the route-credential handoff.
@@ -194,7 +206,7 @@ func Run(ctx context.Context, o Options) error {
 	go notify.Watchdog(wdCtx, d.selfCheck(ln.Addr().(*net.TCPAddr)))
 	log.Info().Str("event", "listening").Str("listen", ln.Addr().String()).
 		Str("authority", auth.String()).Str("pin_sha256", id.Pin).
-		Str("admin_socket", adm.Path()).Msg("Secure Link front is up")
+		Str("admin_socket", adm.Path()).Bool("http3", d.http3).Msg("Secure Link front is up")
 	if o.Ready != nil {
 		o.Ready(Ready{Addr: ln.Addr(), Authority: auth, Pin: id.Pin, AdminSocket: adm.Path()})
 	}
@@ -325,6 +337,10 @@ func (d *daemon) reload() {
 	if e.Cfg.Listen != d.listenAddr {
 		d.log.Warn().Str("event", "reload_partial").Str("listen", e.Cfg.Listen).
 			Msg("a new listen address needs a restart; keeping " + d.listenAddr)
+	}
+	if e.Cfg.HTTP3 != d.http3 {
+		d.log.Warn().Str("event", "reload_partial").Bool("http3", e.Cfg.HTTP3).
+			Msg("turning http3 on or off needs a restart; keeping the current setting")
 	}
 	if e.Cfg.Metrics.Listen != d.metricsAt {
 		d.log.Warn().Str("event", "reload_partial").Msg("a new metrics.listen needs a restart; keeping " + metricsAtOrNone(d.metricsAt))

@@ -120,7 +120,10 @@ func Run(ctx context.Context, cfg *config.Config, cfgErr error, stateDir string,
 		localPin = idOK.Pin
 	}
 	checkUpstreams(ctx, cfg, o, add)
-	checkDaemon(ctx, cfg, stateDir, localPin, o, add)
+	st := checkDaemon(ctx, cfg, stateDir, localPin, o, add)
+	if cfg.HTTP3 {
+		checkHTTP3(ctx, cfg, st, o, add)
+	}
 	if cfg.Reach.Enabled {
 		checkBroker(ctx, cfg, o, add)
 	} else {
@@ -347,7 +350,8 @@ func get(ctx context.Context, hc *http.Client, u *url.URL) (int, []byte, time.Ti
 	return res.StatusCode, body, date, nil
 }
 
-func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin string, o Options, add func(Result)) {
+// checkDaemon asks the daemon for its status; nil when it does not answer.
+func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin string, o Options, add func(Result)) *admin.Status {
 	sock := cfg.AdminSocket(stateDir)
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -358,14 +362,15 @@ func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin str
 			fix = "run doctor as the service user or root"
 		}
 		add(Result{"daemon", Fail, err.Error(), fix})
-		return
+		return nil
 	}
 	if localPin != "" && st.PinSHA256 != localPin {
 		add(Result{"daemon", Fail, fmt.Sprintf("serves %s but the identity on disk is %s", st.PinSHA256, localPin),
 			"reload it (systemctl reload securelink), then re-pair clients with `securelink pair`"})
-		return
+		return &st
 	}
 	add(Result{"daemon", OK, "running at " + st.Authority + ", admin socket " + sock, ""})
+	return &st
 }
 
 // redact shows an upstream as scheme://host:port only.

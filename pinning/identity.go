@@ -51,6 +51,9 @@ const (
 	maxPEMFile = 1 << 20
 	// maxCNLen is the X.520 upper bound for a common name.
 	maxCNLen = 64
+	// longNameCN is the common name of an identity whose authority host is
+	// longer than maxCNLen.
+	longNameCN = "hermes-secure-link"
 )
 
 // ErrNoIdentity means no self-signed identity exists yet in the state

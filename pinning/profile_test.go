@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,5 +170,22 @@ func TestLegacyIdentityLoadsAndRotatesToTheCurrentProfile(t *testing.T) {
 	}
 	if rotated.Pin == id.Pin || ProfileProblem(rotated.Leaf) != "" {
 		t.Fatalf("rotation kept the pin or the old profile: %q", ProfileProblem(rotated.Leaf))
+	}
+}
+
+// An authority longer than a common name allows still gets a non-empty
+// subject (Bun's verified TLS path refuses an empty one), and the SAN still
+// carries the whole name.
+func TestLongAuthorityKeepsASubject(t *testing.T) {
+	long := strings.Repeat("a", 60) + ".hermes.example"
+	id, err := LoadOrCreate(selfSignedConfig(t, long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.Leaf.Subject.CommonName == "" || len(id.Leaf.RawSubject) <= 2 {
+		t.Fatalf("empty subject for a %d-character authority", len(long))
+	}
+	if !slices.Equal(id.Leaf.DNSNames, []string{long}) {
+		t.Fatalf("DNS SANs %v", id.Leaf.DNSNames)
 	}
 }

@@ -139,6 +139,11 @@ func newSelfSigned(keyType string, names []string, now time.Time) ([]byte, error
 		// then writes neither extension.
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
+	// The subject is never empty: Bun's verified TLS path (the desktop
+	// client's Reach route) fails with "Crypto operation failed" on a
+	// certificate with an empty subject. A name too long for a common name
+	// gets a short fixed one; clients match the SAN, never the CN.
+	tmpl.Subject = pkix.Name{CommonName: longNameCN}
 	if len(names[0]) <= maxCNLen {
 		tmpl.Subject = pkix.Name{CommonName: names[0]}
 	}

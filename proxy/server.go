@@ -14,6 +14,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -109,6 +110,7 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 	s.tlsNoResume = s.tls.Clone()
 	s.tlsNoResume.SessionTicketsDisabled = true
 	s.tls.GetConfigForClient = s.configForClient
+	s.tls.WrapSession, s.tls.UnwrapSession = s.wrapSession, s.unwrapSession
 	l := opts.Limits
 	s.http = &http.Server{
 		Handler:           s,
@@ -235,6 +237,33 @@ func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, e
 // an unknown server may not resume, so it takes the full handshake, where
 // getCertificate refuses it. It runs for every ClientHello, before the
 // resumption decision; known names and no SNI keep the shared config.
+// wrapSession and unwrapSession bind a session ticket to the certificate it
+// was issued under. A resumed session presents no certificate: the client
+// keeps the one it saw, so without this a ticket from before a rotation
+// would keep old clients on the old pin for the ticket's lifetime (up to 7
+// days). A ticket for another certificate is ignored and the client makes a
+// full handshake with the current identity. The tickets' keys stay Go's
+// own, rotated automatically.
+func (s *Server) wrapSession(cs tls.ConnectionState, ss *tls.SessionState) ([]byte, error) {
+	tag := sha256.Sum256(s.identity.Load().CertDER)
+	ss.Extra = append(ss.Extra, tag[:])
+	return s.tls.EncryptTicket(cs, ss)
+}
+
+func (s *Server) unwrapSession(identity []byte, cs tls.ConnectionState) (*tls.SessionState, error) {
+	ss, err := s.tls.DecryptTicket(identity, cs)
+	if err != nil || ss == nil {
+		return nil, err
+	}
+	cur := sha256.Sum256(s.identity.Load().CertDER)
+	for _, e := range ss.Extra {
+		if bytes.Equal(e, cur[:]) {
+			return ss, nil
+		}
+	}
+	return nil, nil
+}
+
 func (s *Server) configForClient(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 	if hello.ServerName != "" && !s.state.Load().host.Allowed(hello.ServerName) {
 		return s.tlsNoResume, nil

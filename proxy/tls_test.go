@@ -460,3 +460,56 @@ func TestTLS12OffersOnlyECDHEAEADSuites(t *testing.T) {
 		}
 	}
 }
+
+// A session ticket does not outlive a rotation: a resumed session presents
+// no certificate, so the client would keep seeing (and pinning) the old
+// one. After Reload with a rotated identity, a client holding a ticket
+// gets a full handshake and the new certificate.
+func TestRotationEndsSessionResumption(t *testing.T) {
+	for _, v := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+		t.Run(tls.VersionName(v), func(t *testing.T) {
+			h := newHarness(t)
+			cache := &oneSessionCache{}
+			connect := func() tls.ConnectionState {
+				t.Helper()
+				c, err := h.dialTLS(&tls.Config{
+					ServerName: extraName, InsecureSkipVerify: true,
+					ClientSessionCache: cache, MinVersion: v, MaxVersion: v, NextProtos: []string{"http/1.1"},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(testTimeout))
+				io.WriteString(c, "GET /relay/health HTTP/1.1\r\nHost: "+extraName+"\r\nConnection: close\r\n\r\n")
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				return c.ConnectionState()
+			}
+			connect()
+			if cs := connect(); !cs.DidResume {
+				t.Fatal("no resumption before the rotation; the test would check nothing")
+			}
+			rotated, err := pinning.Rotate(h.idCfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.srv.Reload(h.opts, rotated); err != nil {
+				t.Fatal(err)
+			}
+			cs := connect()
+			if cs.DidResume {
+				t.Fatal("a session from before the rotation resumed")
+			}
+			if got := pinning.SPKIPin(cs.PeerCertificates[0]); got != rotated.Pin {
+				t.Fatalf("after rotation the client saw pin %s, want %s", got, rotated.Pin)
+			}
+			if cs := connect(); !cs.DidResume {
+				t.Error("sessions under the new identity no longer resume")
+			}
+		})
+	}
+}

@@ -111,8 +111,8 @@ func FuzzWindow(f *testing.F) {
 		send := NewWindowAfter(int64(pre % (4 * InitialWindow)))
 		recv := NewRecvWindow()
 		recv.Receive(InitialWindow - send.Avail()) // same view of what already went out
-		inFlight := 0                               // received, not drained
-		hostile := false                            // a raw grant was accepted
+		inFlight := 0                              // received, not drained
+		hostile := false                           // a raw grant was accepted
 		for i, op := range ops {
 			arg := int(op) * 4099
 			switch op % 4 {

@@ -52,6 +52,10 @@ type Config struct {
 	// for them is dropped without another CLOSE. Default 4096.
 	MaxClosedIDs int
 
+	// DisableCredit declines the broker's "credit" extension: the
+	// registration stays plain v1 (tests and benchmarks compare the two).
+	DisableCredit bool
+
 	// DialTimeout bounds TCP connect, TLS handshake and WebSocket upgrade
 	// together. Default 10 s.
 	DialTimeout time.Duration

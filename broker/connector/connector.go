@@ -293,9 +293,27 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 	if typ == msgconn.Text {
 		m, err = wire.ParseBrokerMessage(data)
 	}
+	credit := false
 	switch m := m.(type) {
 	case wire.Registered:
-		// Extensions the broker offers are ignored: plain v1 only.
+		// The answer to an offered extension goes out before anything
+		// past registered is read, so every stream of this registration
+		// is opened after it. A broker that offers nothing hears nothing.
+		if m.Has(wire.ExtensionCredit) && !c.cfg.DisableCredit {
+			msg, _ := wire.Marshal(wire.Extensions{Names: []string{wire.ExtensionCredit}})
+			wctx, cancel := context.WithTimeout(ctx, c.cfg.WriteTimeout)
+			err := ws.Write(wctx, msgconn.Text, msg)
+			cancel()
+			if err != nil {
+				ws.CloseNow()
+				if ctx.Err() != nil {
+					return outcome{code: codeStopped}
+				}
+				return outcome{code: codeWrite, detail: "sending the extensions answer failed"}
+			}
+			credit = true
+			c.count("credit")
+		}
 	case wire.ErrorMsg:
 		ws.CloseNow()
 		detail := m.Code.Description()
@@ -308,7 +326,7 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 		return outcome{code: codeProtocol, detail: "the broker did not answer register with registered"}
 	}
 
-	s := newSession(c, ws, connID)
+	s := newSession(c, ws, connID, credit)
 	s.registeredAt = c.cfg.Now()
 	c.mu.Lock()
 	c.cur = s

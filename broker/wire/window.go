@@ -81,6 +81,21 @@ func NewRecvWindow() RecvWindow { return RecvWindow{win: NewWindow()} }
 // exceeded its credit (a protocol violation).
 func (r *RecvWindow) Receive(n int) bool { return r.win.Take(n) }
 
+// Overrun records n received payload bytes beyond the credit, for a
+// receiver that tolerates them (bytes a sender sent before the window
+// applied): the credit drops to 0 and the excess is owed, exactly as
+// NewWindowAfter counts it on the sender's side.
+func (r *RecvWindow) Overrun(n int) {
+	if n <= 0 {
+		return
+	}
+	over := int64(n) - r.win.avail
+	r.win.avail = 0
+	if over > 0 {
+		r.win.debt += over
+	}
+}
+
 // Consumed records n bytes the reader drained; they become grantable.
 func (r *RecvWindow) Consumed(n int) {
 	if n > 0 {
@@ -99,7 +114,9 @@ func (r *RecvWindow) Due(limit int64) uint32 {
 		return 0
 	}
 	r.unGranted -= g
-	r.win.avail += g
+	pay := min(g, r.win.debt)
+	r.win.debt -= pay
+	r.win.avail += g - pay
 	return uint32(g)
 }
 

@@ -72,6 +72,18 @@ func TestWindowAccounting(t *testing.T) {
 	}
 }
 
+func TestRecvWindowOverrunMatchesWindowAfter(t *testing.T) {
+	const sent = InitialWindow + 1000
+	r := NewRecvWindow()
+	r.Overrun(sent)
+	w := NewWindowAfter(sent)
+	r.Consumed(sent)
+	g := r.Due(1 << 40)
+	if err := w.Grant(g); err != nil || g != sent || w.Avail() != r.Credit() || w.Avail() != InitialWindow {
+		t.Fatalf("grant %d: sender %d, receiver %d (%v)", g, w.Avail(), r.Credit(), err)
+	}
+}
+
 func TestRecvWindowGrantsAsItDrains(t *testing.T) {
 	r := NewRecvWindow()
 	if !r.Receive(InitialWindow) || r.Receive(1) {

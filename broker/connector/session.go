@@ -127,12 +127,17 @@ func (s *session) run(ctx context.Context) outcome {
 // fail decides how the registration ends (the first decision wins) and
 // closes the socket: with a close frame when status is set, else at once.
 func (s *session) fail(code, detail string, status int, reason string) {
+	s.endWith(outcome{code: code, detail: detail}, status, reason)
+}
+
+// endWith is fail with a whole outcome.
+func (s *session) endWith(o outcome, status int, reason string) {
 	s.mu.Lock()
 	if s.end != nil {
 		s.mu.Unlock()
 		return
 	}
-	s.end = &outcome{code: code, detail: detail}
+	s.end = &o
 	close(s.done)
 	s.mu.Unlock()
 	s.cancel()
@@ -192,6 +197,11 @@ func (s *session) readFailed(err error) {
 		code, detail = codeReplaced, detailReplaced
 	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonRevoked:
 		code, detail = string(wire.CodeRevoked), detailAuthFailure
+	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway && advised(ce.Reason):
+		d, _ := wire.ParseShutdownReason(ce.Reason)
+		s.endWith(outcome{code: codeGoingAway, detail: "the broker is shutting down and advised when to reconnect",
+			advised: d, hasAdvice: true}, 0, "")
+		return
 	case last != "":
 		code, detail = string(last), last.Description()
 	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway:
@@ -200,6 +210,11 @@ func (s *session) readFailed(err error) {
 		detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
 	}
 	s.fail(code, detail, 0, "")
+}
+
+func advised(reason string) bool {
+	_, ok := wire.ParseShutdownReason(reason)
+	return ok
 }
 
 func (s *session) protocolError(detail string) bool {

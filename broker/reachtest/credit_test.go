@@ -149,7 +149,10 @@ func TestSlowDownloadWithPingPong(t *testing.T) {
 				if st.Counts["host:credit"] != 0 || r.c.Status().Credit {
 					t.Fatal("credit negotiated with a broker that did not offer it")
 				}
-				if st.Counts["paused:host"] == 0 {
+				// Under the race detector the pipeline may be slower than
+				// the reader, so the queue never fills: only then is a
+				// missing pause no failure.
+				if st.Counts["paused:host"] == 0 && !raceEnabled {
 					t.Fatal("plain v1 never paused the host socket behind a 4 MB/s reader")
 				}
 				if bound := int64(2*wire.StreamQueueBytes + 2*wire.MaxHostFrameIn); peak.Load() > bound {

@@ -279,7 +279,7 @@ func TestStreamOpenedBeforeTheAnswerSwitches(t *testing.T) {
 // at most its window in the broker, is closed after the idle timeout, and
 // its memory is released.
 func TestStalledClientUnderCreditStallsNobody(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.IdleTimeout = 500 * time.Millisecond })
+	e := newEnv(t, func(c *Config) { c.IdleTimeout = 2 * time.Second })
 	host := e.creditHost(0)
 	tok := wire.NewToken()
 	e.publishRoute(host, "r1", tok)

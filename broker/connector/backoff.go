@@ -34,6 +34,26 @@ type outcome struct {
 	// registered is how long the registration lasted (0 if it never
 	// registered).
 	registered time.Duration
+	// advised is the reconnect delay the broker gave in its shutdown close
+	// ("shutdown retry=SECONDS"), when hasAdvice.
+	advised   time.Duration
+	hasAdvice bool
+}
+
+// Why a wait was chosen (Status.RetryReason and the "reconnect:<why>"
+// counters).
+const (
+	retryFast      = "fast"      // a blip after a long registration: at once
+	retryBackoff   = "backoff"   // the exponential schedule
+	retryPermanent = "permanent" // unauthorized or revoked: 10 minutes
+	retryReplaced  = "replaced"  // another copy of this host registered
+	retryAdvised   = "advised"   // the broker's shutdown close said when
+)
+
+// permanent reports whether code is a refusal that retrying soon cannot
+// fix.
+func permanent(code string) bool {
+	return code == string(wire.CodeUnauthorized) || code == string(wire.CodeRevoked)
 }
 
 // backoff is the reconnect policy of spec/reach.md "Host connector":
@@ -42,32 +62,59 @@ type outcome struct {
 // revoked wait AuthFailureBackoff and replaced waits ReplacedBackoff, because
 // retrying sooner cannot help (a wrong token) or would fight another copy of
 // this host over the registration.
+//
+// Two additions: a registration that lasted BackoffResetAfter and then
+// dropped is most likely a network blip, so the next FastRetries attempts go
+// at once (without counting in n); and a broker that closes with "shutdown
+// retry=SECONDS" is honoured: that delay plus up to a quarter of jitter,
+// which spreads the reconnections of all its hosts.
 type backoff struct {
-	cfg *Config
-	n   int // attempts since the last reset
+	cfg  *Config
+	n    int    // attempts since the last reset
+	fast int    // fast retries left, refilled by a long registration
+	why  string // why the last wait was chosen (retry…)
 }
 
 // next returns the wait before the next attempt after o.
 func (b *backoff) next(o outcome) time.Duration {
 	if o.registered >= b.cfg.BackoffResetAfter {
 		b.n = 0
+		b.fast = max(b.cfg.FastRetries, 0)
 	}
-	defer func() { b.n++ }()
-	switch o.code {
-	case string(wire.CodeUnauthorized), string(wire.CodeRevoked):
+	switch {
+	case permanent(o.code):
+		b.why, b.fast = retryPermanent, 0
+		b.n++
 		return b.cfg.AuthFailureBackoff
-	case codeReplaced:
+	case o.code == codeReplaced:
+		b.why, b.fast = retryReplaced, 0
+		b.n++
 		return b.cfg.ReplacedBackoff
+	case o.hasAdvice:
+		b.why = retryAdvised
+		b.n++
+		return o.advised + b.jitter(o.advised)
+	case b.fast > 0:
+		b.why = retryFast
+		b.fast--
+		return 0
 	}
+	b.why = retryBackoff
+	defer func() { b.n++ }()
 	d := b.cfg.MaxBackoff
 	if b.n < 62 {
 		if e := b.cfg.BackoffBase << b.n; e > 0 && e < d && e>>b.n == b.cfg.BackoffBase {
 			d = e
 		}
 	}
+	return d + b.jitter(d)
+}
+
+// jitter is uniform(0, d/4).
+func (b *backoff) jitter(d time.Duration) time.Duration {
 	r := b.cfg.Rand()
 	if r < 0 || r >= 1 {
 		r = 0
 	}
-	return d + time.Duration(float64(d/4)*r)
+	return time.Duration(float64(d/4) * r)
 }

@@ -1,9 +1,13 @@
 package connector
 
 import (
+	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/wire"
@@ -42,11 +46,49 @@ func TestBackoffResetsOnlyAfterSixtySecondsRegistered(t *testing.T) {
 	if got := b.next(outcome{code: codeClosed, registered: 59 * time.Second}); got != 16*time.Second {
 		t.Fatalf("after 59 s registered: %v, want 16s", got)
 	}
-	if got := b.next(outcome{code: codeClosed, registered: 60 * time.Second}); got != time.Second {
-		t.Fatalf("after 60 s registered: %v, want 1s", got)
+	// A minute registered resets n and refills the two fast retries.
+	for i, want := range []time.Duration{0, 0, time.Second, 2 * time.Second} {
+		o := outcome{code: codeDial}
+		if i == 0 {
+			o = outcome{code: codeClosed, registered: 60 * time.Second}
+		}
+		if got := b.next(o); got != want {
+			t.Fatalf("wait %d after 60 s registered: %v, want %v", i, got, want)
+		}
 	}
-	if got := b.next(outcome{code: codeDial}); got != 2*time.Second {
-		t.Fatalf("next: %v, want 2s", got)
+}
+
+func TestBackoffFastRetriesOnlyAfterALongRegistration(t *testing.T) {
+	b := backoffWith(0)
+	// A connector that never registered gets no fast retry.
+	if got := b.next(outcome{code: codeDial}); got != time.Second || b.why != retryBackoff {
+		t.Fatalf("first failure: %v %s", got, b.why)
+	}
+	if got := b.next(outcome{code: codeClosed, registered: time.Hour}); got != 0 || b.why != retryFast {
+		t.Fatalf("blip: %v %s", got, b.why)
+	}
+	// A permanent refusal spends the budget: no fast retry after it.
+	if got := b.next(outcome{code: string(wire.CodeUnauthorized)}); got != 10*time.Minute || b.why != retryPermanent {
+		t.Fatalf("unauthorized: %v %s", got, b.why)
+	}
+	if got := b.next(outcome{code: codeDial}); got == 0 {
+		t.Fatal("fast retry after a permanent refusal")
+	}
+	none := backoffWith(0)
+	none.cfg.FastRetries = -1
+	if got := none.next(outcome{code: codeClosed, registered: time.Hour}); got != time.Second {
+		t.Fatalf("FastRetries -1: %v", got)
+	}
+}
+
+func TestBackoffHonoursTheBrokersAdvice(t *testing.T) {
+	b := backoffWith(0.5)
+	got := b.next(outcome{code: codeGoingAway, registered: time.Hour, advised: 30 * time.Second, hasAdvice: true})
+	if want := 30*time.Second + 30*time.Second/8; got != want || b.why != retryAdvised {
+		t.Fatalf("advised 30 s: %v %s, want %v", got, b.why, want)
+	}
+	if got := b.next(outcome{code: codeGoingAway, hasAdvice: true}); got != 0 {
+		t.Fatalf("advised 0: %v", got)
 	}
 }
 
@@ -117,12 +159,86 @@ func TestRunResetsBackoffOnlyAfterALongRegistration(t *testing.T) {
 		h.Close()
 		testenv.WaitFor(t, "the wait after the drop", func() bool { return len(sl.list()) == i+1 })
 	}
+	// 61 s: reset and two fast retries (one spent); 30 s: the second fast
+	// retry; 59 s: the schedule from n = 0; 60 s: reset, fast again.
 	base := cfg.BackoffBase
-	want := []time.Duration{base, 2 * base, 4 * base, base}
+	want := []time.Duration{0, 0, base, 0}
 	got := sl.list()
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("waits %v, want %v", got, want)
 		}
+	}
+}
+
+// TestRunHonoursShutdownAdviceAndReportsPermanentErrors drives Run against
+// the fake broker: a close 1001 "shutdown retry=7" makes it wait 7 s plus
+// jitter; an `unauthorized` answer shows as permanent_error in Status while
+// the connector stays live but not ready; both are counted.
+func TestRunHonoursShutdownAdviceAndReportsPermanentErrors(t *testing.T) {
+	var sl sleeps
+	refuse := false
+	var mu sync.Mutex
+	registered, _ := wire.Marshal(wire.Registered{})
+	refusal, _ := wire.Marshal(wire.ErrorMsg{Code: wire.CodeUnauthorized})
+	fb := testfake.NewBroker(t, func(b *testfake.Broker) {
+		b.Answer = func() []byte {
+			mu.Lock()
+			defer mu.Unlock()
+			if refuse {
+				return refusal
+			}
+			return registered
+		}
+	})
+	cfg := fakeConfig(t, fb)
+	// The first wait (the advised one) returns once the test looked at
+	// the status; later ones last until the test ends.
+	looked := make(chan struct{})
+	cfg.Sleep = func(ctx context.Context, d time.Duration) error {
+		first := len(sl.list()) == 0
+		sl.sleep(ctx, d)
+		if first {
+			select {
+			case <-looked:
+			case <-ctx.Done():
+			}
+		} else {
+			<-ctx.Done()
+		}
+		return ctx.Err()
+	}
+	cfg.Rand = func() float64 { return 0.5 }
+	c := newConnector(t, cfg)
+	run(t, c)
+	h := fb.Host()
+	waitConnected(t, c)
+	if st := c.Status(); !st.Ready || !st.Live || st.PermanentError != "" {
+		t.Fatalf("registered: %+v", st)
+	}
+	mu.Lock()
+	refuse = true
+	mu.Unlock()
+	h.WS.Close(websocket.StatusGoingAway, wire.ShutdownReason(7*time.Second))
+	testenv.WaitFor(t, "the advised wait", func() bool { return len(sl.list()) == 1 })
+	if got, want := sl.list()[0], 7*time.Second+7*time.Second/8; got != want {
+		t.Fatalf("waited %v, want %v", got, want)
+	}
+	if st := c.Status(); st.RetryReason != retryAdvised || st.Ready || !st.Live || st.State != StateBackoff {
+		t.Fatalf("after the shutdown close: %+v", st)
+	}
+	close(looked)
+	testenv.WaitFor(t, "the permanent wait", func() bool { return len(sl.list()) == 2 })
+	if got := sl.list()[1]; got != 10*time.Minute {
+		t.Fatalf("after unauthorized: %v", got)
+	}
+	testenv.WaitFor(t, "status", func() bool { return c.Status().PermanentError == "unauthorized" })
+	st := c.Status()
+	if st.RetryReason != retryPermanent || st.Ready || !st.Live || st.RetryAt == nil {
+		t.Fatalf("after unauthorized: %+v", st)
+	}
+	n := c.Counts()
+	if n["reconnect:advised"] != 1 || n["reconnect:permanent"] < 1 || n["registered"] != 1 {
+		t.Fatalf("counts %v", n)
 	}
 }

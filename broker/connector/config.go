@@ -52,6 +52,10 @@ type Config struct {
 	// for them is dropped without another CLOSE. Default 4096.
 	MaxClosedIDs int
 
+	// DisableCredit declines the broker's "credit" extension: the
+	// registration stays plain v1 (tests and benchmarks compare the two).
+	DisableCredit bool
+
 	// DialTimeout bounds TCP connect, TLS handshake and WebSocket upgrade
 	// together. Default 10 s.
 	DialTimeout time.Duration
@@ -86,6 +90,10 @@ type Config struct {
 	AuthFailureBackoff time.Duration // 10 min
 	// ReplacedBackoff follows a close with reason `replaced`.
 	ReplacedBackoff time.Duration // 60 s
+	// FastRetries: after a registration that lasted BackoffResetAfter
+	// drops, this many attempts go at once before the schedule applies.
+	// Default 2; negative means none.
+	FastRetries int
 
 	// Now is the wall clock for credential expiries and registration
 	// durations; nil = time.Now.
@@ -130,6 +138,7 @@ func (c Config) WithDefaults() Config {
 	setDur(&c.BackoffResetAfter, wire.BackoffResetAfter)
 	setDur(&c.AuthFailureBackoff, wire.AuthFailureBackoff)
 	setDur(&c.ReplacedBackoff, wire.ReplacedBackoff)
+	setInt(&c.FastRetries, 2)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -85,6 +85,8 @@ type Connector struct {
 	lastDetail     string
 	connectedSince time.Time
 	retryAt        time.Time
+	retryReason    string
+	permanentErr   string
 	cur            *session
 }
 
@@ -102,6 +104,20 @@ type Status struct {
 	LastErrorDetail  string     `json:"last_error_detail,omitempty"`
 	ConnectedSince   *time.Time `json:"connected_since"`
 	RetryAt          *time.Time `json:"retry_at,omitempty"` // next attempt, in state backoff
+	// Ready: a registration is up (streams can be served, credentials
+	// published). Live: the connector's loop is running, whatever its
+	// state; live but not ready is connecting or backing off.
+	Ready bool `json:"ready"`
+	Live  bool `json:"live"`
+	// RetryReason says why the current wait was chosen: "fast" (a blip
+	// after a long registration), "backoff", "permanent", "replaced" or
+	// "advised" (the broker's shutdown close named the delay).
+	RetryReason string `json:"retry_reason,omitempty"`
+	// PermanentError is the broker's refusal ("unauthorized", "revoked")
+	// behind the 10-minute wait; operator action is needed.
+	PermanentError string `json:"permanent_error,omitempty"`
+	// Credit: the live registration runs the credit extension.
+	Credit bool `json:"credit"`
 }
 
 // New checks cfg (zero fields take their defaults) and builds a connector.
@@ -213,7 +229,7 @@ func (c *Connector) Run(ctx context.Context) error {
 		c.mu.Lock()
 		c.attempts++
 		c.state = StateConnecting
-		c.retryAt = time.Time{}
+		c.retryAt, c.retryReason = time.Time{}, ""
 		c.mu.Unlock()
 		out := c.attempt(ctx)
 		if ctx.Err() != nil {
@@ -225,12 +241,17 @@ func (c *Connector) Run(ctx context.Context) error {
 		c.connectedSince = time.Time{}
 		c.state = StateBackoff
 		c.retryAt = c.cfg.Now().Add(d)
+		c.retryReason, c.permanentErr = bo.why, ""
+		if bo.why == retryPermanent {
+			c.permanentErr = out.code
+		}
 		c.mu.Unlock()
+		c.count("reconnect:" + bo.why)
 		ev := c.log.Warn()
-		if out.code == string(wire.CodeUnauthorized) || out.code == string(wire.CodeRevoked) {
+		if permanent(out.code) {
 			ev = c.log.Error()
 		}
-		ev.Str("code", out.code).Str("why", out.detail).Dur("retry_in", d).
+		ev.Str("code", out.code).Str("why", out.detail).Str("retry", bo.why).Dur("retry_in", d).
 			Dur("registered_for", out.registered).Msg("reach: broker connection ended")
 		if err := c.cfg.Sleep(ctx, d); err != nil {
 			break
@@ -293,9 +314,27 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 	if typ == msgconn.Text {
 		m, err = wire.ParseBrokerMessage(data)
 	}
+	credit := false
 	switch m := m.(type) {
 	case wire.Registered:
-		// Extensions the broker offers are ignored: plain v1 only.
+		// The answer to an offered extension goes out before anything
+		// past registered is read, so every stream of this registration
+		// is opened after it. A broker that offers nothing hears nothing.
+		if m.Has(wire.ExtensionCredit) && !c.cfg.DisableCredit {
+			msg, _ := wire.Marshal(wire.Extensions{Names: []string{wire.ExtensionCredit}})
+			wctx, cancel := context.WithTimeout(ctx, c.cfg.WriteTimeout)
+			err := ws.Write(wctx, msgconn.Text, msg)
+			cancel()
+			if err != nil {
+				ws.CloseNow()
+				if ctx.Err() != nil {
+					return outcome{code: codeStopped}
+				}
+				return outcome{code: codeWrite, detail: "sending the extensions answer failed"}
+			}
+			credit = true
+			c.count("credit")
+		}
 	case wire.ErrorMsg:
 		ws.CloseNow()
 		detail := m.Code.Description()
@@ -308,14 +347,15 @@ func (c *Connector) attempt(ctx context.Context) outcome {
 		return outcome{code: codeProtocol, detail: "the broker did not answer register with registered"}
 	}
 
-	s := newSession(c, ws, connID)
+	s := newSession(c, ws, connID, credit)
 	s.registeredAt = c.cfg.Now()
 	c.mu.Lock()
 	c.cur = s
 	c.state = StateConnected
 	c.connectedSince = s.registeredAt
-	c.lastErr, c.lastDetail = "", ""
+	c.lastErr, c.lastDetail, c.permanentErr = "", "", ""
 	c.mu.Unlock()
+	c.count("registered")
 	c.log.Info().Str("broker", c.cfg.BrokerURL).Msg("reach: registered with the broker")
 	out := s.run(ctx)
 	c.mu.Lock()
@@ -363,6 +403,10 @@ func (c *Connector) Status() Status {
 		Attempts:         c.attempts,
 		LastError:        c.lastErr,
 		LastErrorDetail:  c.lastDetail,
+		Ready:            c.state == StateConnected,
+		Live:             c.running.Load(),
+		RetryReason:      c.retryReason,
+		PermanentError:   c.permanentErr,
 	}
 	if !c.connectedSince.IsZero() {
 		t := c.connectedSince
@@ -375,12 +419,19 @@ func (c *Connector) Status() Status {
 	s := c.cur
 	c.mu.Unlock()
 	if s != nil {
+		st.Credit = s.credit
 		s.mu.Lock()
 		st.ActiveStreams = len(s.streams)
 		s.mu.Unlock()
 	}
 	return st
 }
+
+// Ready reports whether a registration is up (a readiness probe).
+func (c *Connector) Ready() bool { return c.Status().Ready }
+
+// Live reports whether the connector's loop is running (a liveness probe).
+func (c *Connector) Live() bool { return c.running.Load() }
 
 func (c *Connector) setState(state string, since time.Time) {
 	c.mu.Lock()
@@ -398,7 +449,9 @@ func (c *Connector) current() *session {
 }
 
 // count records a counted outcome (e.g. "open_over_limit",
-// "slow_consumer", "route_reused").
+// "slow_consumer", "route_reused"; "registered", "credit", and
+// "reconnect:<why>" for every wait, why being fast, backoff, permanent,
+// replaced or advised).
 func (c *Connector) count(label string) {
 	c.countMu.Lock()
 	c.counts[label]++

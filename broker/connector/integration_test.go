@@ -525,11 +525,17 @@ func routeToken(t *testing.T, r *reach) string {
 	return tok
 }
 
+// TestReachSurvivesBrokerRestart: the broker's graceful stop advises a
+// reconnect delay in its close ("shutdown retry=1"), which the connector
+// honours; the route credential still works after the restart.
 func TestReachSurvivesBrokerRestart(t *testing.T) {
-	r := startReach(t, nil, nil)
+	r := startReach(t, func(c *server.Config) { c.ShutdownRetryAfter = time.Second }, nil)
 	tok := routeToken(t, r)
 	r.rb.Stop()
 	testenv.WaitFor(t, "the connector to notice", func() bool { return r.c.Status().State != StateConnected })
+	if n := r.c.Counts(); n["reconnect:advised"] != 1 {
+		t.Fatalf("the shutdown close was not read as advice: %v", n)
+	}
 	r.rb.Start() // same port, same hosts and state files
 	testenv.WaitFor(t, "the connector to register again", func() bool {
 		st := r.c.Status()

@@ -258,7 +258,7 @@ func TestBrokerBoundFramesAreChunked(t *testing.T) {
 func TestSchedulerAlternatesStreams(t *testing.T) {
 	fb := testfake.NewBroker(t, nil)
 	c := newConnector(t, fakeConfig(t, fb))
-	s := newSession(c, nil, wire.NewID())
+	s := newSession(c, nil, wire.NewID(), false)
 	a, b := newStream(s, wire.NewID()), newStream(s, wire.NewID())
 	s.streams[a.id], s.streams[b.id] = a, b
 	a.out.Write(bytes.Repeat([]byte{'a'}, 3*wire.MaxConnectorChunk))

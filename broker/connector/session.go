@@ -52,6 +52,12 @@ type session struct {
 	orphans     [][]byte
 	rr          msgconn.RoundRobin[*stream]
 	lastErrCode wire.Code // an error message that answered no control frame
+	grants      []*stream // streams with a WINDOW to send
+
+	// credit: this registration agreed to the credit extension (set
+	// before the session starts, then read-only); dialect parses frames.
+	credit  bool
+	dialect wire.Dialect
 }
 
 // pendingReply is one control frame waiting for its reply. The broker
@@ -79,9 +85,9 @@ func (p *pendingReply) matches(m wire.Message) bool {
 // errProtocolReply is given to a caller whose reply did not match its request.
 var errProtocolReply = errors.New("reach: the broker answered out of order")
 
-func newSession(c *Connector, ws msgconn.Conn, connID wire.ID) *session {
+func newSession(c *Connector, ws msgconn.Conn, connID wire.ID, credit bool) *session {
 	s := &session{
-		c: c, ws: ws, connID: connID,
+		c: c, ws: ws, connID: connID, credit: credit, dialect: wire.Dialect{Credit: credit},
 		log:     c.log,
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
@@ -121,12 +127,17 @@ func (s *session) run(ctx context.Context) outcome {
 // fail decides how the registration ends (the first decision wins) and
 // closes the socket: with a close frame when status is set, else at once.
 func (s *session) fail(code, detail string, status int, reason string) {
+	s.endWith(outcome{code: code, detail: detail}, status, reason)
+}
+
+// endWith is fail with a whole outcome.
+func (s *session) endWith(o outcome, status int, reason string) {
 	s.mu.Lock()
 	if s.end != nil {
 		s.mu.Unlock()
 		return
 	}
-	s.end = &outcome{code: code, detail: detail}
+	s.end = &o
 	close(s.done)
 	s.mu.Unlock()
 	s.cancel()
@@ -186,6 +197,11 @@ func (s *session) readFailed(err error) {
 		code, detail = codeReplaced, detailReplaced
 	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonRevoked:
 		code, detail = string(wire.CodeRevoked), detailAuthFailure
+	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway && advised(ce.Reason):
+		d, _ := wire.ParseShutdownReason(ce.Reason)
+		s.endWith(outcome{code: codeGoingAway, detail: "the broker is shutting down and advised when to reconnect",
+			advised: d, hasAdvice: true}, 0, "")
+		return
 	case last != "":
 		code, detail = string(last), last.Description()
 	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway:
@@ -194,6 +210,11 @@ func (s *session) readFailed(err error) {
 		detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
 	}
 	s.fail(code, detail, 0, "")
+}
+
+func advised(reason string) bool {
+	_, ok := wire.ParseShutdownReason(reason)
+	return ok
 }
 
 func (s *session) protocolError(detail string) bool {
@@ -297,12 +318,27 @@ func (s *session) orphanCloseLocked(id wire.ID) {
 }
 
 func (s *session) frame(data []byte) bool {
-	f, err := wire.ParseFrame(data)
+	f, err := s.dialect.ParseFrame(data)
 	if err != nil {
 		return s.protocolError("invalid frame")
 	}
 	s.mu.Lock()
 	st := s.streams[f.StreamID]
+	if f.Flags == wire.FlagWindow {
+		// A WINDOW for a stream that is gone is ignored.
+		var err error
+		if st != nil && !st.finished {
+			if err = st.sendWin.Grant(f.Increment()); err == nil && st.out.Len() > 0 {
+				s.scheduleLocked(st)
+				signal(s.wake)
+			}
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return s.protocolError("WINDOW takes the window above 2^31-1")
+		}
+		return true
+	}
 	if st == nil {
 		// Unknown: answer DATA with one CLOSE (never CLOSE with CLOSE, and
 		// never a second time for the same id); it does not end the
@@ -336,10 +372,23 @@ func (s *session) frame(data []byte) bool {
 // queue). If the front reads nothing from that stream for
 // SlowConsumerTimeout, that stream alone is reset and reading goes on; a
 // slow reader that makes progress is never cut.
+//
+// Under credit the broker sends a stream no more than the window granted as
+// the front read, which fits the buffer, so the reader never waits here.
+// Bytes beyond the credit are kept and owed (those a broker sent before it
+// read our answer); they are counted.
 func (s *session) deliver(st *stream, payload []byte) {
 	n := len(payload)
 	limit := s.c.cfg.StreamBufferBytes
 	var waitStart time.Time
+	if st.credit {
+		st.mu.Lock()
+		if !st.recv.Receive(n) {
+			st.recv.Overrun(n)
+			s.c.count("window_overrun")
+		}
+		st.mu.Unlock()
+	}
 	for {
 		st.mu.Lock()
 		if st.closed || st.readErr != nil {
@@ -507,6 +556,18 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 		s.ctrl = s.ctrl[1:]
 		return msgconn.Text, data, true
 	}
+	for len(s.grants) > 0 {
+		st := s.grants[0]
+		s.grants[0] = nil
+		s.grants = s.grants[1:]
+		inc := st.grant
+		st.grant, st.grantQueued = 0, false
+		if st.finished {
+			continue
+		}
+		data, _ = wire.AppendWindow(nil, st.id, inc)
+		return msgconn.Binary, data, true
+	}
 	if len(s.orphans) > 0 {
 		data = s.orphans[0]
 		s.orphans[0] = nil
@@ -518,8 +579,14 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 		switch {
 		case st.finished:
 			s.rr.Remove()
+		case st.out.Len() > 0 && st.credit && st.sendWin.Avail() == 0:
+			s.rr.Remove() // waits for a WINDOW, which schedules it again
 		case st.out.Len() > 0:
 			k := min(wire.MaxConnectorChunk, st.out.Len())
+			if st.credit {
+				k = min(k, st.sendWin.Avail())
+				st.sendWin.Take(k)
+			}
 			frame := make([]byte, 0, wire.HeaderLen+k)
 			frame, _ = wire.AppendFrame(frame, wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: st.out.Next(k)})
 			signal(st.outSpace)
@@ -538,6 +605,21 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 		}
 	}
 	return 0, nil, true
+}
+
+// queueGrant queues a WINDOW of inc bytes for st (the front read them).
+func (s *session) queueGrant(st *stream, inc uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st.finished || s.end != nil {
+		return
+	}
+	st.grant += inc // at most the window, below 2^31
+	if !st.grantQueued {
+		st.grantQueued = true
+		s.grants = append(s.grants, st)
+	}
+	signal(s.wake)
 }
 
 // send queues a control message and returns the channel its reply arrives

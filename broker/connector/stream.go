@@ -42,6 +42,9 @@ type stream struct {
 	readable chan struct{}
 	space    chan struct{} // the front read something: the session reader may go on
 	progress atomic.Int64  // UnixNano of the front's last read
+	// recv is the broker's credit for this stream under the credit
+	// extension, granted back as the front reads (guarded by mu).
+	recv wire.RecvWindow
 
 	closeOnce sync.Once
 	closedCh  chan struct{} // closed by Close
@@ -54,11 +57,16 @@ type stream struct {
 	msgconn.Turn      // queued in s.rr
 	closePending bool // send CLOSE once out is drained
 	finished     bool // CLOSE sent or received, or the registration ended
+	// The credit extension: set at open when the registration agreed.
+	credit      bool
+	sendWin     wire.Window // our credit for front→broker DATA
+	grant       uint32      // WINDOW increment waiting in s.grants
+	grantQueued bool
 }
 
 func newStream(s *session, id wire.ID) *stream {
 	st := &stream{
-		s: s, id: id,
+		s: s, id: id, credit: s.credit,
 		readable: make(chan struct{}, 1),
 		space:    make(chan struct{}, 1),
 		outSpace: make(chan struct{}, 1),
@@ -68,6 +76,10 @@ func newStream(s *session, id wire.ID) *stream {
 		wd:       msgconn.NewDeadline(),
 	}
 	st.progress.Store(time.Now().UnixNano())
+	if st.credit {
+		st.sendWin = wire.NewWindow()
+		st.recv = wire.NewRecvWindow()
+	}
 	return st
 }
 
@@ -87,10 +99,18 @@ func (st *stream) Read(p []byte) (int, error) {
 			n, _ := st.in.Read(p)
 			more := st.in.Len() > 0
 			st.progress.Store(time.Now().UnixNano())
+			var grant uint32
+			if st.credit {
+				st.recv.Consumed(n)
+				grant = st.recv.Due(wire.MaxWindow)
+			}
 			st.mu.Unlock()
 			signal(st.space)
 			if more {
 				signal(st.readable)
+			}
+			if grant > 0 {
+				st.s.queueGrant(st, grant)
 			}
 			return n, nil
 		}

@@ -275,13 +275,17 @@ func TestFastUploaderIsPausedNotCut(t *testing.T) {
 	}
 }
 
-// TestStalledReaderGets1013OthersContinue: a client that stops reading a
-// download entirely loses its stream after the broker's slow-consumer
-// timeout (shortened to 1 s) with close 1013, while another stream of the
-// same host keeps completing requests before, during and after.
+// TestStalledReaderGets1013OthersContinue (plain v1: the broker does not
+// offer credit): a client that stops reading a download entirely loses its
+// stream after the broker's slow-consumer timeout (shortened to 1 s) with
+// close 1013, while another stream of the same host keeps completing
+// requests before, during and after.
 func TestStalledReaderGets1013OthersContinue(t *testing.T) {
 	r := startReach(t, reachOptions{
-		broker: brokerOptions{mutate: func(c *server.Config) { c.SlowConsumerTimeout = time.Second }},
+		broker: brokerOptions{mutate: func(c *server.Config) {
+			c.SlowConsumerTimeout = time.Second
+			c.DisableCredit = true
+		}},
 	})
 	var written atomic.Int64
 	writeErr := make(chan error, 1)

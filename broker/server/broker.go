@@ -272,15 +272,20 @@ func (b *Broker) refuse(c msgconn.Conn, err error) {
 	c.Close(wire.ClosePolicy, "")
 }
 
-// registered is the plain-v1 answer to a host registration.
-var registered, _ = wire.Marshal(wire.Registered{})
+// registered is the plain-v1 answer to a host registration;
+// registeredCredit offers the credit extension (reference connectors
+// ignore the key).
+var (
+	registered, _       = wire.Marshal(wire.Registered{})
+	registeredCredit, _ = wire.Marshal(wire.Registered{Extensions: []string{wire.ExtensionCredit}})
+)
 
 // serveHost authenticates a host and runs its registration.
 func (b *Broker) serveHost(ctx context.Context, c msgconn.Conn, reg wire.Register) {
 	h, err := b.registerHost(ctx, c, reg)
 	if err != nil {
 		if errors.Is(err, errShuttingDown) {
-			c.Close(wire.CloseGoingAway, "shutting down")
+			c.Close(wire.CloseGoingAway, wire.ShutdownReason(b.cfg.ShutdownRetryAfter))
 			return
 		}
 		b.refuse(c, err)
@@ -496,6 +501,9 @@ func (b *Broker) openLocked(h *hostSession, c msgconn.Conn, cred store.Credentia
 		id = wire.NewID()
 	}
 	s := b.newStream(id, h, c, cred)
+	if h.credit {
+		s.startCreditLocked()
+	}
 	h.streams[id] = s
 	b.live++
 	delete(b.pending, c) // from now on the host's end closes it
@@ -546,10 +554,15 @@ func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
 		s.upClose = true
 		h.rr.Add(s)
 		signal(h.wake)
+		if s.credit && len(s.up) > 0 {
+			if h.flushing == nil {
+				h.flushing = map[wire.ID]*stream{}
+			}
+			h.flushing[s.id] = s
+		}
 	}
 	if !e.flush {
-		b.budget.release(s.downBytes)
-		s.down, s.downBytes = nil, 0
+		s.dropDownLocked()
 	}
 	if e.cancel && s.writeCancel != nil {
 		s.writeCancel()
@@ -617,7 +630,9 @@ func (b *Broker) Close() {
 		b.mu.Lock()
 		b.closing = true
 		for _, h := range b.hosts {
-			b.endHostLocked(h, hostEnd{code: wire.CloseGoingAway, reason: "shutting down", flushCtrl: true, closeStreams: true})
+			// The reason advises when to reconnect (spreading the
+			// reconnections of every host over a restart).
+			b.endHostLocked(h, hostEnd{code: wire.CloseGoingAway, reason: wire.ShutdownReason(b.cfg.ShutdownRetryAfter), flushCtrl: true, closeStreams: true})
 		}
 		pending := make([]msgconn.Conn, 0, len(b.pending))
 		for c := range b.pending {

@@ -78,6 +78,19 @@ type Config struct {
 	// HostQueueBytes bounds all host-bound queues of one host together.
 	// Default 8 MiB.
 	HostQueueBytes int
+	// HostCreditBytes caps the client-bound bytes queued for the credit
+	// streams of one host: the broker withholds WINDOW grants to that host
+	// while its queued bytes would pass it (it never stops reading the host
+	// socket for it). 16 streams × the 256 KiB window stay below the
+	// default, 8 MiB.
+	HostCreditBytes int
+	// DisableCredit makes registered offer no extension: every host runs
+	// plain v1 (tests and benchmarks compare the two).
+	DisableCredit bool
+	// ShutdownRetryAfter is the reconnect delay Close advises its hosts in
+	// the close reason "shutdown retry=SECONDS" (whole seconds, at most
+	// 10 min). Default 5 s: about a restart.
+	ShutdownRetryAfter time.Duration
 	// ClientWriteChunk is the largest message written to a client. The
 	// host's DATA payloads queued for a client are coalesced into messages
 	// of up to this size when the writer is free (it never waits to fill
@@ -148,6 +161,8 @@ func DefaultConfig() Config {
 		StreamQueueFrames:     wire.StreamQueueFrames,
 		StreamQueueBytes:      wire.StreamQueueBytes,
 		HostQueueBytes:        wire.HostQueueBytes,
+		HostCreditBytes:       wire.HostQueueBytes,
+		ShutdownRetryAfter:    5 * time.Second,
 		ClientWriteChunk:      256 << 10,
 		MaxPendingReplies:     64,
 		RegisterTimeout:       wire.RegisterTimeout,
@@ -221,6 +236,7 @@ func (c *Config) Validate() error {
 		{"stream_queue_frames", c.StreamQueueFrames, 2, 1 << 16},
 		{"stream_queue_bytes", c.StreamQueueBytes, 2 * wire.MaxHostFrameIn, 1 << 30},
 		{"host_queue_bytes", c.HostQueueBytes, 2 * wire.MaxHostFrameIn, 1 << 30},
+		{"host_credit_bytes", c.HostCreditBytes, wire.GrantThreshold, 1 << 30},
 		{"client_write_chunk", c.ClientWriteChunk, 512, wire.MaxClientFrame},
 		{"max_pending_replies", c.MaxPendingReplies, 1, 1 << 16},
 	}
@@ -228,6 +244,9 @@ func (c *Config) Validate() error {
 		if f.v < f.lo || f.v > f.h {
 			bad(f.key, "must be %d..%d, not %d", f.lo, f.h, f.v)
 		}
+	}
+	if c.ShutdownRetryAfter < 0 || c.ShutdownRetryAfter > wire.MaxAdvisedRetry {
+		bad("shutdown_retry_after", "must be 0..%v", wire.MaxAdvisedRetry)
 	}
 	if c.MaxQueueBytes < 4*wire.MaxHostFrameIn || c.MaxQueueBytes > 1<<40 {
 		bad("max_queue_bytes", "must be at least %d bytes", 4*wire.MaxHostFrameIn)

@@ -42,6 +42,23 @@ type hostSession struct {
 	upBytes  int                         // all host-bound queues together
 	upSpace  broadcast                   // fired whenever host-bound space frees
 	end      *hostEnd
+
+	// The credit extension. offered: registered offered it. credit: the
+	// host agreed, so every stream of this registration runs under it;
+	// grants are the streams with a WINDOW to send; downHeld is the
+	// client-bound bytes queued for credit streams (capped by
+	// HostCreditBytes through withheld grants).
+	offered  bool
+	credit   bool
+	grants   []*stream
+	downHeld int
+	// flushing holds ended credit streams whose host-bound bytes still
+	// wait for credit, so the host's WINDOW still reaches them.
+	flushing map[wire.ID]*stream
+
+	// Reader-only: frames read so far, and the dialect they are parsed in.
+	framesIn int
+	dialect  wire.Dialect
 }
 
 type ctrlItem struct {
@@ -72,6 +89,10 @@ type hostEnd struct {
 }
 
 func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Register, d wire.Digest) *hostSession {
+	answer := registered
+	if !b.cfg.DisableCredit {
+		answer = registeredCredit
+	}
 	h := &hostSession{
 		b:           b,
 		id:          reg.HostID,
@@ -82,8 +103,9 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		wake:        make(chan struct{}, 1),
 		replySpace:  make(chan struct{}, 1),
 		done:        make(chan struct{}),
-		ctrl:        []ctrlItem{{msg: registered}},
+		ctrl:        []ctrlItem{{msg: answer}},
 		streams:     map[wire.ID]*stream{},
+		offered:     !b.cfg.DisableCredit,
 	}
 	h.writeCtx, h.writeCancel = context.WithCancel(ctx)
 	signal(h.wake)
@@ -113,6 +135,7 @@ func (h *hostSession) readLoop(ctx context.Context) {
 			return
 		default:
 		}
+		h.framesIn++
 		var ok bool
 		if typ == msgconn.Text {
 			ok = h.control(ctx, data)
@@ -140,7 +163,11 @@ func (h *hostSession) violation(err error) bool {
 
 func (h *hostSession) control(ctx context.Context, data []byte) bool {
 	b := h.b
-	msg, err := wire.ParseHostControl(data)
+	parse := wire.ParseHostControl
+	if h.offered {
+		parse = wire.ParseHostControlOffering
+	}
+	msg, err := parse(data)
 	if err != nil {
 		var we *wire.Error
 		if !errors.As(err, &we) || we.Violation {
@@ -173,8 +200,64 @@ func (h *hostSession) control(ctx context.Context, data []byte) bool {
 			return h.replyError(ctx, err)
 		}
 		return h.reply(ctx, wire.Revoked{CredentialID: m.CredentialID})
+	case wire.Extensions:
+		return h.agree(m)
 	}
 	return h.violation(&wire.Error{Code: wire.CodeUnauthorized, Detail: "unexpected control message"})
+}
+
+// agree handles the host's answer to the offered extensions; it is never
+// answered. It must be the host's first frame after registered: the host
+// sends it before it handles any open, so every stream of the registration
+// is opened after it from the host's side, and the streams the broker
+// opened before reading it switch to credit now, their windows net of the
+// bytes already sent. Naming an extension that was not offered is a
+// framing violation.
+func (h *hostSession) agree(m wire.Extensions) bool {
+	if h.framesIn != 1 {
+		return h.violation(&wire.Error{Code: wire.CodeUnauthorized, Detail: "extensions is not the first frame after registered"})
+	}
+	for _, x := range m.Names {
+		if x != wire.ExtensionCredit {
+			return h.violation(&wire.Error{Code: wire.CodeUnauthorized, Detail: "extensions names one that was not offered"})
+		}
+	}
+	if !m.Has(wire.ExtensionCredit) {
+		return true
+	}
+	h.mu.Lock()
+	h.credit = true
+	for _, s := range h.streams {
+		s.startCreditLocked()
+	}
+	for _, s := range h.rr.Items() {
+		s.startCreditLocked()
+	}
+	h.mu.Unlock()
+	h.dialect.Credit = true
+	h.b.count("host:credit")
+	h.log.Debug().Msg("host agreed to the credit extension")
+	return true
+}
+
+// grantAllLocked (h.mu held) queues the WINDOW grants that are due: a
+// client drained bytes, or the host's queued bytes fell below its cap.
+func (h *hostSession) grantAllLocked() {
+	for _, s := range h.streams {
+		if !s.credit {
+			continue
+		}
+		g := s.downWin.Due(int64(h.b.cfg.HostCreditBytes - h.downHeld))
+		if g == 0 {
+			continue
+		}
+		s.grant += g // at most the window, below 2^31
+		if !s.grantQueued {
+			s.grantQueued = true
+			h.grants = append(h.grants, s)
+		}
+		signal(h.wake)
+	}
 }
 
 // publish stores a credential and answers only once it is on disk, so the
@@ -302,12 +385,32 @@ func (h *hostSession) reply(ctx context.Context, m wire.Message) bool {
 // frame handles one binary frame from the host.
 func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 	b := h.b
-	f, err := wire.ParseFrame(data)
+	f, err := h.dialect.ParseFrame(data)
 	if err != nil {
 		return h.violation(err)
 	}
 	h.mu.Lock()
 	s := h.streams[f.StreamID]
+	if f.Flags == wire.FlagWindow && s == nil {
+		s = h.flushing[f.StreamID]
+	}
+	if s != nil && f.Flags == wire.FlagWindow {
+		err := s.upWin.Grant(f.Increment())
+		if err == nil && len(s.up) > 0 {
+			h.rr.Add(s)
+			signal(h.wake)
+		}
+		h.mu.Unlock()
+		if err != nil {
+			return h.violation(err)
+		}
+		signal(s.upCredit)
+		return true
+	}
+	if s != nil && f.Flags == wire.FlagData && s.credit && !s.downWin.Receive(len(f.Payload)) {
+		h.mu.Unlock()
+		return h.violation(&wire.Error{Code: wire.CodeUnauthorized, Detail: "DATA beyond the credit the broker granted"})
+	}
 	h.mu.Unlock()
 	if s == nil {
 		// Not live: either this registration's stream that the broker
@@ -319,6 +422,7 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 		owner, ok := b.closedIDs.Get(f.StreamID, time.Now().UnixNano())
 		b.mu.Unlock()
 		if ok && owner == h.connID {
+			// Includes WINDOW for a closed stream, which is ignored.
 			b.count("drop:closed_stream")
 			return true
 		}
@@ -338,6 +442,11 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 // host socket is not read until it drains (plain v1 has no better option);
 // if the client makes no progress for SlowConsumerTimeout, its stream is
 // closed with 1013 so the host's other streams continue.
+//
+// Under credit the queue never waits for the client: the host cannot send
+// more than the window the broker granted as the client drained, so the
+// queue is bounded by it, and the host socket goes on for the other
+// streams. Only the broker-wide budget can pause the reader then.
 func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte) bool {
 	b := h.b
 	n := len(payload)
@@ -347,6 +456,39 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 		if s.end != nil {
 			h.mu.Unlock()
 			return true // the stream ended meanwhile: drop, like a late frame
+		}
+		if s.credit {
+			ok, ch := b.budget.acquire(n)
+			if ok {
+				if k := len(s.down); k >= b.cfg.StreamQueueFrames {
+					// Many small frames: the queue stays at 32 entries.
+					s.down[k-1] = append(s.down[k-1], payload...)
+				} else {
+					s.down = append(s.down, payload)
+				}
+				s.downBytes += n
+				h.downHeld += n
+				h.mu.Unlock()
+				signal(s.downWake)
+				return true
+			}
+			h.mu.Unlock()
+			if waitStart.IsZero() {
+				waitStart = time.Now()
+				b.count("paused:host")
+			}
+			h.pause.Enter()
+			select {
+			case <-ch:
+			case <-s.done:
+			case <-h.done:
+			case <-ctx.Done():
+			}
+			h.pause.Leave()
+			if isDone(h.done) || ctx.Err() != nil {
+				return false
+			}
+			continue
 		}
 		fits := len(s.down) == 0 ||
 			(len(s.down) < b.cfg.StreamQueueFrames && s.downBytes+n <= b.cfg.StreamQueueBytes)
@@ -471,10 +613,55 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 	if h.end != nil {
 		return nil, h.end
 	}
+	for len(h.grants) > 0 {
+		s := h.grants[0]
+		h.grants[0] = nil
+		h.grants = h.grants[1:]
+		inc := s.grant
+		s.grant, s.grantQueued = 0, false
+		if s.end != nil {
+			continue // its CLOSE follows or went out: no more credit needed
+		}
+		f, _ := wire.AppendWindow(nil, s.id, inc)
+		return &outItem{typ: msgconn.Binary, data: f}, nil
+	}
 	for h.rr.Len() > 0 {
 		s := h.rr.Current()
 		if len(s.up) > 0 {
 			f := s.up[0]
+			if s.upRehead {
+				f[0], f[1] = wire.FrameVersion, wire.FlagData
+				copy(f[2:wire.HeaderLen], s.id[:])
+				s.upRehead = false
+			}
+			payload := len(f) - wire.HeaderLen
+			if s.credit {
+				avail := s.upWin.Avail()
+				if avail == 0 {
+					// Waits for a WINDOW (which queues it again); its
+					// CLOSE waits behind its bytes.
+					h.rr.Remove()
+					continue
+				}
+				if k := avail; k < payload {
+					// Cut the frame to the credit. The rest keeps its place;
+					// its header is written over bytes of this frame once
+					// this write is done (the next call).
+					s.upWin.Take(k)
+					s.upSent += int64(k)
+					s.upPayload -= k
+					s.up[0] = f[k:]
+					s.upRehead = true
+					s.upBytes -= k
+					h.upBytes -= k
+					h.upSpace.fire()
+					h.rr.Advance()
+					return &outItem{typ: msgconn.Binary, data: f[:wire.HeaderLen+k], budget: k}, nil
+				}
+				s.upWin.Take(payload)
+			}
+			s.upSent += int64(payload)
+			s.upPayload -= payload
 			s.up[0] = nil
 			s.up = s.up[1:]
 			s.upBytes -= len(f)
@@ -489,6 +676,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 		}
 		if s.upClose {
 			s.upClose = false
+			delete(h.flushing, s.id)
 			h.rr.Remove()
 			return &outItem{typ: msgconn.Binary, data: wire.AppendClose(nil, s.id)}, nil
 		}
@@ -525,7 +713,8 @@ func (h *hostSession) dropUp(s *stream) {
 	}
 	h.b.budget.release(s.upBytes)
 	h.upBytes -= s.upBytes
-	s.up, s.upBytes = nil, 0
+	s.up, s.upBytes, s.upPayload, s.upRehead = nil, 0, 0, false
+	delete(h.flushing, s.id)
 	h.upSpace.fire()
 }
 
@@ -538,4 +727,13 @@ func (h *hostSession) releaseQueues() {
 		h.dropUp(s)
 	}
 	h.rr.Clear()
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -32,7 +32,7 @@ func TestRegisterExactKeySet(t *testing.T) {
 	// one difference.
 	p := e.dial()
 	sendText(t, p, registerJSON(e, func(map[string]string) {}))
-	expectMsg(t, p, wire.Registered{})
+	expectMsg(t, p, wire.Registered{Extensions: []string{wire.ExtensionCredit}})
 }
 
 func TestRegisterUnsupportedVersion(t *testing.T) {
@@ -110,7 +110,7 @@ func TestRegisterMustBeSmallText(t *testing.T) {
 		msg := registerJSON(e, func(map[string]string) {})
 		msg = msg[:len(msg)-1] + strings.Repeat(" ", wire.MaxControlBytes-len(msg)) + "}"
 		sendText(t, p, msg)
-		expectMsg(t, p, wire.Registered{})
+		expectMsg(t, p, wire.Registered{Extensions: []string{wire.ExtensionCredit}})
 	})
 	t.Run("far over the limit is 1009", func(t *testing.T) {
 		p := e.dial()

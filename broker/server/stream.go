@@ -33,6 +33,7 @@ type stream struct {
 	done      chan struct{} // closed once the end is decided
 	downWake  chan struct{} // capacity 1: client-bound data or the end arrived
 	downSpace chan struct{} // capacity 1: client-bound queue shrank
+	upCredit  chan struct{} // capacity 1: the host granted credit
 
 	// Guarded by h.mu.
 	up           [][]byte // host-bound frames, header included
@@ -43,6 +44,18 @@ type stream struct {
 	downBytes    int
 	writeCancel  context.CancelFunc
 	end          *streamEnd
+
+	// The credit extension (guarded by h.mu). upSent counts the payload
+	// bytes sent to the host in either mode, so a stream opened before the
+	// host agreed starts its window net of them.
+	credit      bool
+	upWin       wire.Window     // the host's credit for client→host DATA
+	upSent      int64           // payload bytes sent to the host
+	upPayload   int             // payload bytes queued in up
+	upRehead    bool            // up[0] is the rest of a frame cut to the credit: rewrite its header
+	downWin     wire.RecvWindow // what the host may still send, and what the client drained
+	grant       uint32          // WINDOW increment waiting in h.grants
+	grantQueued bool
 }
 
 // streamEnd says how a stream ends.
@@ -75,6 +88,7 @@ func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred stor
 		done:      make(chan struct{}),
 		downWake:  make(chan struct{}, 1),
 		downSpace: make(chan struct{}, 1),
+		upCredit:  make(chan struct{}, 1),
 	}
 	now := time.Now().UnixNano()
 	s.lastActive.Store(now)
@@ -118,6 +132,9 @@ func (s *stream) run(ctx context.Context) {
 func (s *stream) readLoop(ctx context.Context) {
 	b := s.b
 	for {
+		if !s.awaitCredit(ctx) {
+			return
+		}
 		typ, data, err := s.conn.Read(ctx)
 		if err != nil {
 			if errors.Is(err, msgconn.ErrTooBig) {
@@ -151,6 +168,41 @@ func (s *stream) readLoop(ctx context.Context) {
 	}
 }
 
+// awaitCredit holds the client's socket unread while its stream runs under
+// credit and the host's credit is all spoken for by bytes already queued:
+// the client is paused by TCP, the host socket never is. Plain-v1 streams
+// pass at once.
+func (s *stream) awaitCredit(ctx context.Context) bool {
+	h := s.h
+	paused := false
+	for {
+		h.mu.Lock()
+		ended := s.end != nil
+		ok := !s.credit || s.upWin.Avail() > s.upPayload
+		h.mu.Unlock()
+		switch {
+		case ended:
+			return false
+		case ok:
+			return true
+		}
+		if !paused {
+			paused = true
+			s.b.count("paused:credit")
+		}
+		s.pause.Enter()
+		select {
+		case <-s.upCredit:
+		case <-s.done:
+		case <-ctx.Done():
+		}
+		s.pause.Leave()
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+}
+
 // enqueueUp queues one client message as DATA frames for the host. When
 // the stream's queue (32 frames, 8 MiB), the host's queues (8 MiB) or the
 // broker's budget is full, it waits — this client's socket is not read
@@ -175,6 +227,7 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 			if ok {
 				s.up = append(s.up, frames...)
 				s.upBytes += n
+				s.upPayload += len(data)
 				h.upBytes += n
 				h.rr.Add(s)
 				h.mu.Unlock()
@@ -213,8 +266,7 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 		h.mu.Lock()
 		if s.end != nil && (broken || !s.end.flush || len(s.down) == 0) {
 			e := *s.end
-			b.budget.release(s.downBytes)
-			s.down, s.downBytes = nil, 0
+			s.dropDownLocked()
 			h.mu.Unlock()
 			if broken {
 				e.errMsg = ""
@@ -232,6 +284,7 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 			continue
 		}
 		p, n := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
+		credit := s.credit
 		wctx, cancel := context.WithCancel(ctx)
 		s.writeCancel = cancel
 		h.mu.Unlock()
@@ -244,6 +297,15 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 
 		h.mu.Lock()
 		s.writeCancel = nil
+		if credit {
+			// The client took these bytes: the host may send as many more
+			// (WINDOW), within the host's cap on queued bytes.
+			h.downHeld -= len(p)
+			if err == nil {
+				s.downWin.Consumed(len(p))
+			}
+			h.grantAllLocked()
+		}
 		h.mu.Unlock()
 		cancel()
 		b.budget.release(len(p))
@@ -252,6 +314,30 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "write failed", toHost: true, cancel: true, stat: "write_failed"})
 		}
 	}
+}
+
+// dropDownLocked (h.mu held) releases the client-bound bytes that will not
+// be delivered.
+func (s *stream) dropDownLocked() {
+	s.b.budget.release(s.downBytes)
+	if s.credit {
+		s.h.downHeld -= s.downBytes
+	}
+	s.down, s.downBytes = nil, 0
+}
+
+// startCreditLocked (h.mu held) puts the stream under the credit
+// extension: its windows start at 256 KiB, net of what already went to the
+// host before it agreed.
+func (s *stream) startCreditLocked() {
+	if s.credit {
+		return
+	}
+	s.credit = true
+	s.upWin = wire.NewWindowAfter(s.upSent)
+	s.downWin = wire.NewRecvWindow()
+	s.h.downHeld += s.downBytes
+	signal(s.upCredit)
 }
 
 // takeDown (h.mu held, s.down not empty) takes the next client message:
@@ -338,7 +424,13 @@ func (s *stream) idleWatch(ctx context.Context) {
 		}
 		idle := time.Since(time.Unix(0, s.lastActive.Load()))
 		if idle >= b.cfg.IdleTimeout {
-			b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "idle", toHost: true, cancel: true, stat: "idle"})
+			// Under credit, client bytes still queued wait for a WINDOW the
+			// host is not sending: they are dropped, so the CLOSE does not
+			// wait behind them.
+			s.h.mu.Lock()
+			credit := s.credit
+			s.h.mu.Unlock()
+			b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "idle", toHost: true, dropUp: credit, cancel: true, stat: "idle"})
 			return
 		}
 		t.Reset(b.cfg.IdleTimeout - idle)

@@ -26,7 +26,7 @@ func TestProtocolDocExamples(t *testing.T) {
 			var err error
 			for _, parse := range []func([]byte) (Message, error){
 				func(b []byte) (Message, error) { return ParseRegister(b) },
-				ParseHostControl, ParseBrokerMessage,
+				ParseHostControl, ParseHostControlOffering, ParseBrokerMessage,
 			} {
 				if m, err = parse([]byte(line)); err == nil {
 					break
@@ -43,22 +43,22 @@ func TestProtocolDocExamples(t *testing.T) {
 		}
 	}
 	for _, typ := range []string{TypeRegister, TypeRegistered, TypePublishBootstrap, TypePublishRoute,
-		TypeRevoke, TypePublished, TypeRevoked, TypeOpen, TypeMatched, TypeError} {
+		TypeRevoke, TypePublished, TypeRevoked, TypeOpen, TypeMatched, TypeError, TypeExtensions} {
 		if !seen[typ] {
 			t.Errorf("no example of %q", typ)
 		}
 	}
-	frames := regexp.MustCompile(`(?m)^(DATA|CLOSE)[^:\n]*: ([0-9a-f ]+)$`).FindAllStringSubmatch(doc, -1)
-	if len(frames) != 2 {
-		t.Fatalf("found %d frame examples, want 2", len(frames))
+	frames := regexp.MustCompile(`(?m)^(DATA|CLOSE|WINDOW)[^:\n]*: ([0-9a-f ]+)$`).FindAllStringSubmatch(doc, -1)
+	if len(frames) != 3 {
+		t.Fatalf("found %d frame examples, want 3", len(frames))
 	}
 	for _, fr := range frames {
 		b, err := hex.DecodeString(strings.ReplaceAll(fr[2], " ", ""))
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := ParseFrame(b)
-		want := map[string]byte{"DATA": FlagData, "CLOSE": FlagClose}[fr[1]]
+		f, err := Dialect{Credit: true}.ParseFrame(b)
+		want := map[string]byte{"DATA": FlagData, "CLOSE": FlagClose, "WINDOW": FlagWindow}[fr[1]]
 		if err != nil || f.Flags != want || f.StreamID.String() != "U3RyZWFtSWRlbnRpZmllcg" {
 			t.Errorf("frame example %q: %+v %v", fr[0], f, err)
 		}

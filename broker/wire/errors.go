@@ -1,5 +1,11 @@
 package wire
 
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
 // Code is an error code as it travels in {"type":"error","code":...}. The
 // codes, their Go errors and their meanings come from one table below so a
 // new code cannot be added to one and forgotten in the other.
@@ -152,4 +158,37 @@ const (
 	CloseReasonReplaced = "replaced"
 	// CloseReasonRevoked: the host was removed from the broker's hosts file.
 	CloseReasonRevoked = "revoked"
+	// CloseReasonShutdownPrefix starts the reason of the close 1001 a
+	// broker's graceful stop sends its hosts: "shutdown retry=SECONDS",
+	// the delay the broker advises before reconnecting (ShutdownReason).
+	CloseReasonShutdownPrefix = "shutdown retry="
 )
+
+// MaxAdvisedRetry bounds the delay a shutdown close may advise; a larger
+// value is read as this.
+const MaxAdvisedRetry = 10 * time.Minute
+
+// ShutdownReason is the close reason advising hosts to reconnect after d
+// (whole seconds, 0..MaxAdvisedRetry): "shutdown retry=SECONDS".
+func ShutdownReason(d time.Duration) string {
+	d = min(max(d, 0), MaxAdvisedRetry)
+	return CloseReasonShutdownPrefix + strconv.Itoa(int(d/time.Second))
+}
+
+// ParseShutdownReason reads the advised delay of a "shutdown retry=SECONDS"
+// close reason: SECONDS is 1..6 ASCII digits, clamped to MaxAdvisedRetry.
+// Any other reason gives false.
+func ParseShutdownReason(reason string) (time.Duration, bool) {
+	digits, ok := strings.CutPrefix(reason, CloseReasonShutdownPrefix)
+	if !ok || len(digits) == 0 || len(digits) > 6 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range []byte(digits) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return min(time.Duration(n)*time.Second, MaxAdvisedRetry), true
+}

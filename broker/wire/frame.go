@@ -24,8 +24,8 @@ const (
 	//	01 04 <stream_id:16>
 	FlagClose byte = 4
 
-	// FlagWindow (0x08) is reserved for the "credit" extension and invalid
-	// in plain v1: payload is exactly 4 bytes, a big-endian credit
+	// FlagWindow (0x08) exists only under the "credit" extension and is
+	// invalid in plain v1: payload is exactly 4 bytes, a big-endian credit
 	// increment in 1..MaxWindow for the stream.
 	//	01 08 <stream_id:16> <increment:4, big-endian>
 	FlagWindow byte = 8
@@ -42,9 +42,9 @@ type Frame struct {
 }
 
 // Dialect is what one host registration negotiated. The zero value is plain
-// v1, which is all that exists today; Credit will be set only after both
-// sides agreed on the "credit" extension, and only then are WINDOW frames
-// valid.
+// v1; Credit is set only once both sides agreed on the "credit" extension
+// (the broker offered it in registered, the host answered extensions), and
+// only then are WINDOW frames valid.
 type Dialect struct {
 	Credit bool
 }

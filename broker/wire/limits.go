@@ -143,8 +143,8 @@ const (
 	ReplacedBackoff = 60 * time.Second
 )
 
-// Reserved for the later "credit" extension (spec/reach.md last section);
-// nothing in plain v1 uses them.
+// The "credit" extension (spec/reach.md last section, window.go); nothing
+// in plain v1 uses them.
 const (
 	// ExtensionCredit is the name advertised in registered.extensions.
 	ExtensionCredit = "credit"

@@ -36,6 +36,9 @@ const (
 	TypeOpen             = "open"
 	TypeMatched          = "matched"
 	TypeError            = "error"
+	// TypeExtensions is the connector's answer to the extensions offered in
+	// registered ("credit" extension); plain v1 has no such message.
+	TypeExtensions = "extensions"
 )
 
 // Message is one JSON message of the protocol. The set is closed: only the
@@ -60,6 +63,27 @@ type Register struct {
 // when the list is non-empty, so reference connectors see the exact v1 shape.
 type Registered struct {
 	Extensions []string
+}
+
+// Extensions is the host's answer to the extensions a broker offered in
+// registered: the ones it agrees to (host → broker, never answered).
+type Extensions struct {
+	Names []string
+}
+
+// Has reports whether name is in the list.
+func (m Extensions) Has(name string) bool { return hasName(m.Names, name) }
+
+// Has reports whether the broker offers the extension name.
+func (m Registered) Has(name string) bool { return hasName(m.Extensions, name) }
+
+func hasName(list []string, name string) bool {
+	for _, x := range list {
+		if x == name {
+			return true
+		}
+	}
+	return false
 }
 
 // PublishBootstrap publishes the digest of a one-use pairing token
@@ -129,12 +153,14 @@ func (Revoked) Type() string          { return TypeRevoked }
 func (Open) Type() string             { return TypeOpen }
 func (Matched) Type() string          { return TypeMatched }
 func (ErrorMsg) Type() string         { return TypeError }
+func (Extensions) Type() string       { return TypeExtensions }
 
 // Exact key sets. A received message must carry exactly these keys (the one
 // optional key, registered.extensions, is handled by its parser).
 var (
 	keysRegister         = []string{"type", "protocol_version", "role", "host_id", "connection_id", "credential_kind", "token"}
 	keysRegistered       = []string{"type", "protocol_version"}
+	keysExtensions       = []string{"type", "protocol_version", "extensions"}
 	keysPublishBootstrap = []string{"type", "protocol_version", "pairing_id", "token_sha256", "expires_at", "max_uses"}
 	keysPublishRoute     = []string{"type", "protocol_version", "credential_id", "token_sha256", "expires_at", "device_id_hash"}
 	keysRevoke           = []string{"type", "protocol_version", "credential_kind", "credential_id"}
@@ -248,11 +274,23 @@ func (m Registered) appendJSON(b []byte) ([]byte, error) {
 	if len(m.Extensions) == 0 {
 		return b, nil
 	}
-	if len(m.Extensions) > MaxExtensions {
+	return appendExtensions(b, m.Extensions)
+}
+
+// Extensions always carries its list, even an empty one.
+func (m Extensions) appendJSON(b []byte) ([]byte, error) {
+	if len(m.Names) == 0 {
+		return append(b, `,"extensions":[]`...), nil
+	}
+	return appendExtensions(b, m.Names)
+}
+
+func appendExtensions(b []byte, names []string) ([]byte, error) {
+	if len(names) > MaxExtensions {
 		return nil, errf(CodeUnauthorized, "too many extensions")
 	}
 	b = append(b, `,"extensions":[`...)
-	for i, e := range m.Extensions {
+	for i, e := range names {
 		if !ValidExtension(e) {
 			return nil, errf(CodeUnauthorized, "bad extension name")
 		}
@@ -473,17 +511,43 @@ func ParseRegister(frame []byte) (Register, error) {
 	return r, nil
 }
 
-// ParseHostControl decodes a text frame a host sends after registered:
-// PublishBootstrap, PublishRoute or Revoke. Errors with Violation set
-// (oversize, not JSON, unknown type, wrong key set) end the registration; the
-// others (version, field values) are answered with an error message and the
-// host stays connected. Time-dependent checks are CheckExpiry's job.
-func ParseHostControl(frame []byte) (Message, error) {
+// ParseHostControl decodes a text frame a host sends after a plain-v1
+// registered: PublishBootstrap, PublishRoute or Revoke. Errors with
+// Violation set (oversize, not JSON, unknown type, wrong key set) end the
+// registration; the others (version, field values) are answered with an
+// error message and the host stays connected. Time-dependent checks are
+// CheckExpiry's job. An "extensions" message is an unknown type here.
+func ParseHostControl(frame []byte) (Message, error) { return parseHostControl(frame, false) }
+
+// ParseHostControlOffering is ParseHostControl for a broker whose
+// registered offered extensions: it also decodes the host's Extensions
+// answer. Every error in an Extensions message is a violation; whether it
+// came at the right moment, and names only offered extensions, is the
+// caller's check.
+func ParseHostControlOffering(frame []byte) (Message, error) { return parseHostControl(frame, true) }
+
+func parseHostControl(frame []byte, offering bool) (Message, error) {
 	obj, e := decodeObject(frame)
 	if e != nil {
 		return nil, e
 	}
 	switch obj.typ() {
+	case TypeExtensions:
+		if !offering {
+			break
+		}
+		if !obj.hasKeys(keysExtensions) {
+			return nil, violation("extensions key set")
+		}
+		if e := obj.version(); e != nil {
+			e.Violation = true
+			return nil, e
+		}
+		names, ok := parseExtensionList(obj["extensions"])
+		if !ok {
+			return nil, violation("bad extensions list")
+		}
+		return Extensions{Names: names}, nil
 	case TypePublishBootstrap:
 		if !obj.hasKeys(keysPublishBootstrap) {
 			return nil, violation("publish_bootstrap key set")
@@ -593,14 +657,8 @@ func ParseBrokerMessage(frame []byte) (Message, error) {
 	case TypeRegistered:
 		var m Registered
 		if raw, ok := obj["extensions"]; ok {
-			if err := json.Unmarshal(raw, &m.Extensions); err != nil || raw[0] != '[' ||
-				len(m.Extensions) > MaxExtensions {
+			if m.Extensions, ok = parseExtensionList(raw); !ok {
 				return bad("bad extensions list")
-			}
-			for _, x := range m.Extensions {
-				if !ValidExtension(x) {
-					return bad("bad extension name")
-				}
 			}
 		}
 		return m, nil
@@ -650,4 +708,19 @@ func ParseBrokerMessage(frame []byte) (Message, error) {
 		}
 		return ErrorMsg{Code: Code(c)}, nil
 	}
+}
+
+// parseExtensionList decodes a JSON array of at most MaxExtensions valid
+// extension names.
+func parseExtensionList(raw json.RawMessage) ([]string, bool) {
+	var names []string
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &names) != nil || len(names) > MaxExtensions {
+		return nil, false
+	}
+	for _, x := range names {
+		if !ValidExtension(x) {
+			return nil, false
+		}
+	}
+	return names, true
 }

@@ -1,0 +1,179 @@
+package connector
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
+)
+
+// TestBrokerWithoutOfferGetsPlainV1: the fake broker never offers an
+// extension. Bytes flow both ways far beyond a window, and everything the
+// connector sends parses as plain v1 (Host.Read fails the test on an
+// extensions message or a WINDOW frame).
+func TestBrokerWithoutOfferGetsPlainV1(t *testing.T) {
+	_, c, h := startFake(t, nil)
+	id := wire.NewID()
+	h.Open(id)
+	st := accept(t, c)
+	echo(st)
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	go func() {
+		for i := 0; i < len(payload); i += 64 << 10 {
+			h.Data(id, payload[i:i+64<<10])
+		}
+	}()
+	var got []byte
+	for len(got) < len(payload) {
+		m, f := h.Read()
+		if f == nil || f.Flags != wire.FlagData {
+			t.Fatalf("connector sent %#v %+v", m, f)
+		}
+		got = append(got, f.Payload...)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatal("echo mismatch")
+	}
+	if n := c.Counts()["credit"]; n != 0 {
+		t.Fatalf("credit counted %d times without an offer", n)
+	}
+}
+
+// creditFake is a fake broker that offers credit; the test reads the raw
+// socket, since the fake's own reader speaks plain v1.
+func creditFake(t *testing.T, mutate func(*Config)) (*Connector, *testfake.Host) {
+	t.Helper()
+	offer, _ := wire.Marshal(wire.Registered{Extensions: []string{wire.ExtensionCredit}})
+	fb := testfake.NewBroker(t, func(b *testfake.Broker) { b.Answer = func() []byte { return offer } })
+	cfg := fakeConfig(t, fb)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	c := newConnector(t, cfg)
+	run(t, c)
+	h := fb.Host()
+	waitConnected(t, c)
+	return c, h
+}
+
+func rawRead(t *testing.T, h *testfake.Host, wait time.Duration) (websocket.MessageType, []byte, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	return h.WS.Read(ctx)
+}
+
+func rawFrame(t *testing.T, h *testfake.Host) wire.Frame {
+	t.Helper()
+	typ, data, err := rawRead(t, h, step)
+	if err != nil || typ != websocket.MessageBinary {
+		t.Fatalf("expected a frame: %v %v %q", typ, err, data)
+	}
+	f, err := wire.Dialect{Credit: true}.ParseFrame(data)
+	if err != nil {
+		t.Fatalf("invalid frame: %v", err)
+	}
+	f.Payload = bytes.Clone(f.Payload)
+	return f
+}
+
+func sendWindow(t *testing.T, h *testfake.Host, id wire.ID, inc uint32) {
+	t.Helper()
+	var p [4]byte
+	binary.BigEndian.PutUint32(p[:], inc)
+	h.SendRaw(websocket.MessageBinary, append(append([]byte{1, wire.FlagWindow}, id[:]...), p[:]...))
+}
+
+// TestCreditOfferIsAnsweredAndWindowsKept: the answer is the connector's
+// first message; it sends at most the granted credit and grants the
+// broker's credit back as the front reads.
+func TestCreditOfferIsAnsweredAndWindowsKept(t *testing.T) {
+	c, h := creditFake(t, nil)
+	typ, data, err := rawRead(t, h, step)
+	if err != nil || typ != websocket.MessageText || string(data) != `{"type":"extensions","protocol_version":1,"extensions":["credit"]}` {
+		t.Fatalf("first message %v %q %v", typ, data, err)
+	}
+	id := wire.NewID()
+	h.Open(id)
+	st := accept(t, c)
+	go st.Write(make([]byte, 600<<10))
+	got := 0
+	for got < wire.InitialWindow {
+		f := rawFrame(t, h)
+		if f.Flags != wire.FlagData || len(f.Payload) > wire.MaxConnectorChunk {
+			t.Fatalf("flags %d, %d bytes", f.Flags, len(f.Payload))
+		}
+		got += len(f.Payload)
+	}
+	sendWindow(t, h, id, 1000)
+	if f := rawFrame(t, h); f.Flags != wire.FlagData || len(f.Payload) != 1000 || got != wire.InitialWindow {
+		t.Fatalf("after %d bytes and a 1000-byte grant: %d bytes", got, len(f.Payload))
+	}
+	// From here on any DATA frame would be beyond the credit: only
+	// WINDOW frames may come.
+	// The broker's DATA comes back as grants once the front reads it.
+	for i := 0; i < 4; i++ {
+		h.Data(id, make([]byte, 64<<10))
+	}
+	if _, err := io.ReadFull(st, make([]byte, wire.InitialWindow)); err != nil {
+		t.Fatal(err)
+	}
+	granted := 0
+	for granted < wire.InitialWindow {
+		f := rawFrame(t, h)
+		if f.Flags != wire.FlagWindow || f.StreamID != id {
+			t.Fatalf("expected WINDOW, got flags %d (%d bytes): beyond the credit", f.Flags, len(f.Payload))
+		}
+		granted += int(f.Increment())
+	}
+	if granted != wire.InitialWindow {
+		t.Fatalf("granted %d", granted)
+	}
+	// A window above 2^31-1 ends the registration.
+	sendWindow(t, h, id, wire.MaxWindow) // exactly 2^31-1 is allowed
+	sendWindow(t, h, id, wire.MaxWindow)
+	if err := h.ReadErr(); err == nil {
+		t.Fatal("registration survived a window above 2^31-1")
+	}
+	waitLastError(t, c, codeProtocol)
+}
+
+// TestCreditOfferDeclinedWhenDisabled: a connector with credit off says
+// nothing and stays plain v1.
+func TestCreditOfferDeclinedWhenDisabled(t *testing.T) {
+	c, h := creditFake(t, func(cfg *Config) { cfg.DisableCredit = true })
+	id := wire.NewID()
+	h.Open(id)
+	st := accept(t, c)
+	go st.Write(make([]byte, 600<<10))
+	got := 0
+	for got < 600<<10 {
+		typ, data, err := rawRead(t, h, step)
+		if err != nil || typ != websocket.MessageBinary {
+			t.Fatalf("got %v %q %v", typ, data, err)
+		}
+		f, err := wire.ParseFrame(data) // plain v1
+		if err != nil || f.Flags != wire.FlagData {
+			t.Fatalf("frame %+v %v", f, err)
+		}
+		got += len(f.Payload)
+	}
+}
+
+func waitLastError(t *testing.T, c *Connector, code string) {
+	t.Helper()
+	deadline := time.Now().Add(step)
+	for c.Status().LastError != code {
+		if time.Now().After(deadline) {
+			t.Fatalf("last error %q, want %q", c.Status().LastError, code)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

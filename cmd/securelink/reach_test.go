@@ -131,7 +131,7 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 	// Both processes expose their Reach state, and no credential.
 	front := scrapeText(t, rs.frontMetrics)
 	broker := scrapeText(t, rs.brokerMetrics)
-	for _, want := range []string{"securelink_reach_connected 1", "securelink_reach_attempts_total 1", "securelink_reach_streams_completed_total"} {
+	for _, want := range []string{"securelink_reach_connected 1", "securelink_reach_attempts_total 1", "securelink_reach_streams_completed_total", "securelink_reach_permanent_error 0", "securelink_reach_credit 1"} {
 		if !strings.Contains(front, want) {
 			t.Errorf("front metrics lack %q", want)
 		}

@@ -134,4 +134,16 @@ func registerReachMetrics(m *metrics.Front, c *connector.Connector) {
 	m.CounterFunc("securelink_reach_attempts_total", "Registration attempts with the broker.", nil, func() float64 {
 		return float64(c.Status().Attempts)
 	})
+	m.GaugeFunc("securelink_reach_permanent_error", "1 while the broker's last answer was a permanent refusal (unauthorized, revoked): retries wait 10 minutes.", nil, func() float64 {
+		if c.Status().PermanentError != "" {
+			return 1
+		}
+		return 0
+	})
+	m.GaugeFunc("securelink_reach_credit", "1 while the registration uses the credit flow-control extension.", nil, func() float64 {
+		if c.Status().Credit {
+			return 1
+		}
+		return 0
+	})
 }

@@ -71,9 +71,9 @@ type Broker struct {
 	clientReplay *store.ReplayCache
 	closedIDs    *store.Table[wire.ID, wire.ID] // stream id → owner's connection id, Unix ns
 	routeLive    map[wire.Digest]int
-	// journal holds applied changes not yet in a snapshot, inflight those
-	// in the snapshot being written (commit.go).
-	journal  []*change
+	// queued holds applied changes not yet taken by the persister,
+	// inflight those in the batch being written (commit.go).
+	queued   []*change
 	inflight []*change
 	live     int
 	closing  bool
@@ -99,9 +99,15 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 	if err := atomicfile.CheckWriter(filepath.Dir(cfg.StateFile)); err != nil {
 		return nil, fmt.Errorf("broker: state_file: %w", err)
 	}
-	snap, err := store.LoadState(cfg.StateFile)
+	if err := store.CheckStateDir(filepath.Dir(cfg.StateFile)); err != nil {
+		return nil, fmt.Errorf("broker: state_file: %w", err)
+	}
+	snap, info, err := store.LoadStateInfo(cfg.StateFile)
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
+	}
+	if info.TornBytes > 0 {
+		log.Warn().Int("bytes", info.TornBytes).Msg("state journal ends in a write torn by a crash; it was never acknowledged and is ignored")
 	}
 	state, dropped := store.Restore(snap, hosts, cfg.TableEntries, cfg.MaxCredentialsPerHost, cfg.now())
 	if dropped > 0 {
@@ -132,13 +138,15 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	var bgCtx context.Context
 	bgCtx, b.bgCancel = context.WithCancel(context.Background())
-	b.persist = store.NewPersister(cfg.StateFile, b.snapshot, b.written, log)
+	state.EnableJournal()
+	b.persist = store.NewPersister(cfg.StateFile, snap.Seq, b.take, b.written, log)
+	b.persist.Mark() // the first write compacts: current format, no torn tail
 	b.bg.Add(2)
 	go func() { defer b.bg.Done(); b.persist.Run(bgCtx) }()
 	go func() { defer b.bg.Done(); b.janitor(bgCtx) }()
 	creds, consumed, revoked := state.Len()
 	log.Info().Int("hosts", len(hosts)).Int("credentials", creds).Int("consumed", consumed).
-		Int("revoked", revoked).Msg("reach broker state loaded")
+		Int("revoked", revoked).Int("journal_records", info.Records).Bool("old_format", info.Legacy).Msg("reach broker state loaded")
 	return b, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/hermes-securelink/securelink/broker/msgconn"
+	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -14,7 +15,9 @@ import (
 // When that write fails, every change not yet on disk is undone, newest
 // first, before the next snapshot can be taken, and each waiter answers
 // `unavailable`: memory never keeps a change the peer was not told about,
-// and the broker keeps serving what it already had.
+// and the broker keeps serving what it already had. The state file is a
+// snapshot plus a journal of records (store.Persister): a change costs
+// its own records and a (group-committed) fsync, not a rewrite of the state.
 
 // change is one applied but not yet durable state change.
 type change struct {
@@ -28,20 +31,25 @@ var errUnavailable = &wire.Error{Code: wire.CodeUnavailable, Detail: "the state 
 // commitLocked records an applied change (b.mu held) and asks for a write.
 func (b *Broker) commitLocked(undo func()) *change {
 	ch := &change{undo: undo, res: make(chan error, 1)}
-	b.journal = append(b.journal, ch)
+	b.queued = append(b.queued, ch)
 	b.persist.Mark()
 	return ch
 }
 
-// snapshot copies the state under the lock; the persister encodes and
-// writes it outside. The changes it contains are now in flight.
-func (b *Broker) snapshot() []byte {
+// take hands the persister the records of the changes made since its last
+// write, and for a compaction a copy of the whole state; the persister
+// writes them outside the lock. The changes they hold are now in flight.
+func (b *Broker) take(compact bool) store.Batch {
 	b.mu.Lock()
-	snap := b.state.Snapshot(b.cfg.now())
-	b.inflight = append(b.inflight, b.journal...)
-	b.journal = nil
-	b.mu.Unlock()
-	return snap.Marshal()
+	defer b.mu.Unlock()
+	batch := store.Batch{Ops: b.state.TakePending()}
+	if compact {
+		snap := b.state.Snapshot(b.cfg.now())
+		batch.Snap = &snap
+	}
+	b.inflight = append(b.inflight, b.queued...)
+	b.queued = nil
+	return batch
 }
 
 // written is the persister's report on the write of the last snapshot.
@@ -56,11 +64,14 @@ func (b *Broker) written(err error) {
 		}
 		return
 	}
-	// Undo newest first: the changes made after the snapshot, then the
-	// ones it held. Undoing may bring back a credential of a host that
-	// left the hosts file meanwhile; RetainHosts drops it again.
-	failed := append(b.inflight, b.journal...)
-	b.inflight, b.journal = nil, nil
+	// Undo newest first: the changes made after the batch was taken,
+	// then the ones it held; their records not taken yet go too (the
+	// persister's next write is a compaction, which writes the state as
+	// it is after the undo). Undoing may bring back a credential of a
+	// host that left the hosts file meanwhile; RetainHosts drops it again.
+	failed := append(b.inflight, b.queued...)
+	b.inflight, b.queued = nil, nil
+	b.state.DiscardPending()
 	for i := len(failed) - 1; i >= 0; i-- {
 		failed[i].undo()
 	}

@@ -34,7 +34,7 @@ type Config struct {
 	// StateFile keeps published, consumed and revoked digests across
 	// restarts. Required.
 	StateFile string
-	// MaxHosts bounds online hosts. Default 256.
+	// MaxHosts bounds online hosts. Default 10,000 (wire.MaxHosts).
 	MaxHosts int
 	// MaxStreamsPerHost bounds one host's live streams. Default 16.
 	MaxStreamsPerHost int
@@ -64,7 +64,8 @@ type Config struct {
 	// the replay cache (kept 24 h + 5 min each) of one credential and of all
 	// of one host's credentials together; past either, that credential's or
 	// host's matches get quota_exceeded until entries expire. The client
-	// table is bounded by MaxHosts × ReplayPerHost. Defaults 10,000 and 50,000.
+	// table is bounded by MaxHosts × ReplayPerHost. Defaults 10,000 and 2,000
+	// (wire.ReplayPerHost says why not the spec's 50,000).
 	ReplayPerCredential int
 	ReplayPerHost       int
 	// MaxRateSources bounds the sources the rate limiter tracks at once;

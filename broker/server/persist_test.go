@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,17 +30,19 @@ func TestRestartKeepsCredentialsAndReplays(t *testing.T) {
 	readMsg(t, host)
 
 	// Only digests reach the disk.
-	data, err := os.ReadFile(e.cfg.StateFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tok := range []wire.Secret{route, boot, revoked} {
-		if strings.Contains(string(data), string(tok)) {
-			t.Fatal("a raw token is in the state file")
+	for _, path := range []string{e.cfg.StateFile, store.JournalPath(e.cfg.StateFile)} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if fi, _ := os.Stat(e.cfg.StateFile); fi.Mode().Perm() != 0o600 {
-		t.Fatalf("state file mode %v", fi.Mode())
+		for _, tok := range []wire.Secret{route, boot, revoked} {
+			if strings.Contains(string(data), string(tok)) {
+				t.Fatalf("a raw token is in %s", path)
+			}
+		}
+		if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s mode %v", path, fi.Mode())
+		}
 	}
 
 	e.restart()
@@ -50,6 +54,52 @@ func TestRestartKeepsCredentialsAndReplays(t *testing.T) {
 	}
 	if code := e.refused(0, wire.KindRoute, revoked, wire.NewID()); code != wire.CodeRevoked {
 		t.Fatalf("revoked route after restart: %s", code)
+	}
+}
+
+// A publish or a consumed bootstrap appends its records to the journal; the
+// state file (the snapshot) is not rewritten, so a change costs O(change).
+func TestStateChangeAppendsToTheJournal(t *testing.T) {
+	e := newEnv(t, nil)
+	host := e.host(0)
+	e.publishRoute(host, "first", wire.NewToken()) // the start's compaction is done
+	jpath := store.JournalPath(e.cfg.StateFile)
+	snapBefore, err := os.ReadFile(e.cfg.StateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fiBefore, _ := os.Stat(e.cfg.StateFile)
+	j0, _ := os.Stat(jpath)
+	boot := wire.NewToken()
+	e.publishBootstrap(host, "pair", boot)
+	c, _ := e.client(host, 0, wire.KindBootstrap, boot)
+	c.Close(1000, "")
+	readBinary(t, host)
+	snapAfter, _ := os.ReadFile(e.cfg.StateFile)
+	fiAfter, _ := os.Stat(e.cfg.StateFile)
+	if !bytes.Equal(snapBefore, snapAfter) || !os.SameFile(fiBefore, fiAfter) {
+		t.Fatal("a publish and a consume rewrote the state file")
+	}
+	data, err := os.ReadFile(jpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := store.ParseJournal(data)
+	if err != nil || j.Torn != 0 {
+		t.Fatalf("journal: %v, torn %d", err, j.Torn)
+	}
+	// publish: put; consume: consumed + delete.
+	if grown := int64(len(data)) - j0.Size(); grown <= 0 || grown > 600 {
+		t.Fatalf("journal grew by %d bytes for three records", grown)
+	}
+	last := j.Ops[len(j.Ops)-3:]
+	if last[0].Kind != store.OpPutBootstrap || last[1].Kind != store.OpConsumed || last[2].Kind != store.OpDelete ||
+		last[1].Digest != wire.TokenDigest(string(boot)) {
+		t.Fatalf("journal ends with %+v", last)
+	}
+	e.restart()
+	if code := e.refused(0, wire.KindBootstrap, boot, wire.NewID()); code != wire.CodeReplayed {
+		t.Fatalf("consumed bootstrap after restart: %s", code)
 	}
 }
 
@@ -170,10 +220,24 @@ func remount(t *testing.T, dir, mode string) {
 func TestStateWriteFailureAnswersUnavailable(t *testing.T) {
 	faults := []struct {
 		name    string
-		breakFS func(t *testing.T, dir string) (heal func())
+		breakFS func(t *testing.T, dir string, e *env, host *pipeConn) (heal func())
 	}{
-		{"disk full", func(t *testing.T, dir string) func() { return fillFS(t, dir) }},
-		{"read-only", func(t *testing.T, dir string) func() {
+		{"disk full", func(t *testing.T, dir string, e *env, host *pipeConn) func() {
+			free := fillFS(t, dir)
+			// A journal record may still fit in the journal's last
+			// allocated page: that change is on disk, and acknowledged.
+			// Publish until the file system has no room for the next one.
+			for i := 0; ; i++ {
+				if i == 100 {
+					t.Fatal("100 publishes fit on a full file system")
+				}
+				e.publishRouteExp(host, fmt.Sprintf("pad-%d", i), wire.NewToken(), e.clock.Now().Add(time.Hour).Unix())
+				if m := readMsg(t, host); m == (wire.ErrorMsg{Code: wire.CodeUnavailable}) {
+					return free
+				}
+			}
+		}},
+		{"read-only", func(t *testing.T, dir string, _ *env, _ *pipeConn) func() {
 			remount(t, dir, "ro")
 			return func() { remount(t, dir, "rw") }
 		}},
@@ -187,7 +251,7 @@ func TestStateWriteFailureAnswersUnavailable(t *testing.T) {
 			e.publishRoute(host, "keep", keep)
 			e.publishBootstrap(host, "pair", boot)
 
-			heal := fault.breakFS(t, dir)
+			heal := fault.breakFS(t, dir, e, host)
 			unavailable := wire.ErrorMsg{Code: wire.CodeUnavailable}
 			e.publishRouteExp(host, "fresh", fresh, e.clock.Now().Add(time.Hour).Unix())
 			expectMsg(t, host, unavailable)

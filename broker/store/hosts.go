@@ -28,12 +28,13 @@ import (
 const FileMode os.FileMode = 0o600
 
 // MaxHostsFileBytes bounds the hosts file. One entry is about 100 bytes, so
-// this is far more hosts than any broker serves (max_hosts is 256).
-const MaxHostsFileBytes = 4 << 20
+// this holds MaxHostsEntries with room to spare.
+const MaxHostsFileBytes = 16 << 20
 
 // MaxHostsEntries bounds the entries AddHost will write and ParseHosts will
-// accept; the runtime limit on online hosts is the broker's max_hosts.
-const MaxHostsEntries = 16384
+// accept: the largest max_hosts (65,536, 6.5× the default of 10,000); the
+// runtime limit on online hosts is the broker's max_hosts.
+const MaxHostsEntries = 1 << 16
 
 // Hosts maps each known host_id to the digest of its registration token.
 type Hosts map[wire.ID]wire.Digest

@@ -2,9 +2,7 @@ package store
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"time"
 
@@ -51,6 +49,33 @@ type State struct {
 	// undo, while Record runs, collects the inverse of every change.
 	undo      []func()
 	recording bool
+	// pending, once EnableJournal was called, collects every change as a
+	// journal record until TakePending; muted suppresses that while an
+	// undo runs (an undone change was never written).
+	pending    []Op
+	journaling bool
+	muted      bool
+}
+
+// EnableJournal makes the state collect its changes for TakePending.
+func (s *State) EnableJournal() { s.journaling = true }
+
+// TakePending returns the changes made since the last call, in order.
+func (s *State) TakePending() []Op {
+	ops := s.pending
+	s.pending = nil
+	return ops
+}
+
+// DiscardPending forgets the changes not taken yet: they are being undone,
+// or a compaction writes them as part of a snapshot.
+func (s *State) DiscardPending() { s.pending = nil }
+
+// emit records op for the journal.
+func (s *State) emit(op Op) {
+	if s.journaling && !s.muted {
+		s.pending = append(s.pending, op)
+	}
 }
 
 // Record runs change (one of Publish, Revoke or Consume, or several) and
@@ -65,9 +90,11 @@ func (s *State) Record(change func() error) (undo func(), err error) {
 	ops := s.undo
 	s.undo, s.recording = nil, false
 	revert := func() {
+		s.muted = true
 		for i := len(ops) - 1; i >= 0; i-- {
 			ops[i]()
 		}
+		s.muted = false
 	}
 	if err != nil {
 		revert()
@@ -88,6 +115,13 @@ func (s *State) tableAdd(t *Table[wire.Digest, struct{}], k wire.Digest, exp, no
 	old, had := t.m[k]
 	if !t.Add(k, struct{}{}, exp, now) {
 		return false
+	}
+	if exp > now {
+		kind := OpConsumed
+		if t == s.revoked {
+			kind = OpRevoked
+		}
+		s.emit(Op{Kind: kind, Digest: k, ExpiresAt: exp})
 	}
 	s.note(func() {
 		t.Remove(k)
@@ -319,6 +353,7 @@ func (s *State) put(c *Credential) {
 		s.note(func() { s.remove(c.Digest) })
 	}
 	s.creds[c.Digest] = c
+	s.emit(opFor(*c))
 	m := s.byHost[c.HostID]
 	if m == nil {
 		m = map[wire.Digest]struct{}{}
@@ -334,6 +369,7 @@ func (s *State) remove(d wire.Digest) {
 	}
 	s.note(func() { s.put(c) })
 	delete(s.creds, d)
+	s.emit(Op{Kind: OpDelete, Digest: d})
 	if m := s.byHost[c.HostID]; m != nil {
 		delete(m, d)
 		if len(m) == 0 {
@@ -345,8 +381,10 @@ func (s *State) remove(d wire.Digest) {
 // ---------------------------------------------------------------------------
 // State file
 
-// stateVersion is the "version" of the state file format.
-const stateVersion = 1
+// stateVersion is the "version" of the state file format: 2 is a snapshot
+// followed by a journal (journal.go) and names the last journal record it
+// holds; 1 is the single-file format of earlier releases, still read.
+const stateVersion = 2
 
 // Snapshot is a copy of the state taken under the broker's lock and encoded
 // outside it, so a slow disk never holds up other peers.
@@ -354,6 +392,10 @@ type Snapshot struct {
 	Credentials []Credential
 	Consumed    []DigestExpiry
 	Revoked     []DigestExpiry
+	// Seq is the last journal record the snapshot holds.
+	Seq uint64
+	// version is the format it was read from (0 when not read).
+	version int
 }
 
 // DigestExpiry is one entry of the consumed or revoked table.
@@ -381,6 +423,7 @@ func (s *State) Snapshot(now time.Time) Snapshot {
 // The JSON form of the state file. Keys are exact; see ParseState.
 type stateJSON struct {
 	Version     int              `json:"version"`
+	JournalSeq  *uint64          `json:"journal_seq,omitempty"`
 	Credentials []credentialJSON `json:"credentials"`
 	Consumed    []digestJSON     `json:"consumed"`
 	Revoked     []digestJSON     `json:"revoked"`
@@ -404,8 +447,10 @@ type digestJSON struct {
 // Marshal encodes the snapshot deterministically (sorted), so two snapshots
 // of the same state are byte-identical.
 func (snap Snapshot) Marshal() []byte {
+	seq := snap.Seq
 	out := stateJSON{
 		Version:     stateVersion,
+		JournalSeq:  &seq,
 		Credentials: make([]credentialJSON, 0, len(snap.Credentials)),
 		Consumed:    make([]digestJSON, 0, len(snap.Consumed)),
 		Revoked:     make([]digestJSON, 0, len(snap.Revoked)),
@@ -451,10 +496,18 @@ func ParseState(data []byte) (Snapshot, error) {
 	if err := strictjson.Decode(data, 0, &f); err != nil {
 		return Snapshot{}, fmt.Errorf("not a state file: %v", err)
 	}
-	if f.Version != stateVersion {
+	switch {
+	case f.Version == 1 && f.JournalSeq == nil:
+	case f.Version == stateVersion && f.JournalSeq != nil:
+	case f.Version == 1 || f.Version == stateVersion:
+		return Snapshot{}, fmt.Errorf("journal_seq is required in version %d and only there", stateVersion)
+	default:
 		return Snapshot{}, fmt.Errorf("unsupported state file version %d", f.Version)
 	}
-	var snap Snapshot
+	snap := Snapshot{version: f.Version}
+	if f.JournalSeq != nil {
+		snap.Seq = *f.JournalSeq
+	}
 	for i, j := range f.Credentials {
 		bad := func(what string) (Snapshot, error) {
 			return Snapshot{}, fmt.Errorf("credential %d: %s", i+1, what)
@@ -554,21 +607,4 @@ func Restore(snap Snapshot, hosts Hosts, tableEntries, maxPerHost int, now time.
 		}
 	}
 	return s, dropped
-}
-
-// LoadState reads the state file; a file that does not exist yet is an
-// empty state (first start).
-func LoadState(path string) (Snapshot, error) {
-	data, err := readPrivate(path, MaxStateFileBytes)
-	if errors.Is(err, os.ErrNotExist) {
-		return Snapshot{}, nil
-	}
-	if err != nil {
-		return Snapshot{}, err
-	}
-	snap, err := ParseState(data)
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("state file %s: %w", path, err)
-	}
-	return snap, nil
 }

@@ -179,12 +179,15 @@ func TestParseStateRefusesDamage(t *testing.T) {
 	s.Publish(route(a, "r1", "r1", t0.Unix()+60), t0)
 	good := string(s.Snapshot(t0).Marshal())
 	bad := map[string]string{
-		"version 2":      strings.Replace(good, `"version":1`, `"version":2`, 1),
-		"unknown key":    strings.Replace(good, `"version":1`, `"version":1,"x":1`, 1),
+		"version 3":      strings.Replace(good, `"version":2`, `"version":3`, 1),
+		"v1 with seq":    strings.Replace(good, `"version":2`, `"version":1`, 1),
+		"v2 without seq": strings.Replace(good, `"journal_seq":0,`, ``, 1),
+		"negative seq":   strings.Replace(good, `"journal_seq":0`, `"journal_seq":-1`, 1),
+		"unknown key":    strings.Replace(good, `"version":2`, `"version":2,"x":1`, 1),
 		"bad kind":       strings.Replace(good, `"kind":"route"`, `"kind":"host"`, 1),
 		"route max_uses": strings.Replace(good, `"max_uses":0`, `"max_uses":1`, 1),
 		"bad digest":     strings.Replace(good, `"token_sha256":"`, `"token_sha256":"x`, 1),
-		"duplicate key":  strings.Replace(good, `"version":1`, `"version":1,"version":1`, 1),
+		"duplicate key":  strings.Replace(good, `"version":2`, `"version":2,"version":2`, 1),
 		"float expiry":   strings.Replace(good, `"expires_at":`, `"expires_at":1.5e`, 1),
 		"not json":       "{",
 	}
@@ -200,15 +203,20 @@ func TestParseStateRefusesDamage(t *testing.T) {
 
 func TestPersisterCoalescesAndWritesOutsideTheLock(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
-	var snaps atomic.Int32
+	var takes atomic.Int32
 	release := make(chan struct{})
-	p := NewPersister(path, func() []byte {
-		n := snaps.Add(1)
+	h := wire.NewID()
+	p := NewPersister(path, 0, func(compact bool) Batch {
+		n := takes.Add(1)
 		if n == 1 {
 			<-release // the first write is slow
 		}
-		return []byte(`{"n":` + string(rune('0'+n)) + `}`)
+		return Batch{Ops: []Op{opFor(boot(h, "p", string(rune('0'+n)), t0.Unix()+60))}}
 	}, nil, zerolog.Nop())
+	p.compact = false
+	if err := os.WriteFile(JournalPath(path), journalMagic, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
@@ -227,23 +235,20 @@ func TestPersisterCoalescesAndWritesOutsideTheLock(t *testing.T) {
 	if err := p.Wait(wctx, last); err != nil {
 		t.Fatal(err)
 	}
-	if n := snaps.Load(); n != 2 {
+	if n := takes.Load(); n != 2 {
 		t.Fatalf("%d writes for 51 marks", n)
 	}
-	data, _ := os.ReadFile(path)
-	if string(data) != `{"n":2}` {
-		t.Fatalf("file %q", data)
-	}
-	fi, _ := os.Stat(path)
-	if fi.Mode().Perm() != 0o600 {
-		t.Fatalf("mode %v", fi.Mode())
+	data, _ := os.ReadFile(JournalPath(path))
+	j, err := ParseJournal(data)
+	if err != nil || len(j.Ops) != 2 || j.Seqs[1] != 2 || j.Ops[1].Cred.Digest != wire.TokenDigest("2") {
+		t.Fatalf("journal %+v %v", j, err)
 	}
 	cancel()
 	<-done
 }
 
 func TestPersisterReportsWriteErrors(t *testing.T) {
-	p := NewPersister(filepath.Join(t.TempDir(), "missing", "state.json"), func() []byte { return []byte("{}") }, nil, zerolog.Nop())
+	p := NewPersister(filepath.Join(t.TempDir(), "missing", "state.json"), 0, func(bool) Batch { return Batch{Snap: &Snapshot{}} }, nil, zerolog.Nop())
 	g := p.Mark()
 	if err := p.Flush(); err == nil {
 		t.Fatal("write into a missing directory succeeded")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -100,8 +101,16 @@ func runBroker(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
+	if _, limit, err := metrics.FDUsage(); err == nil && limit < 2*cfg.MaxHosts+1024 {
+		log.Warn().Int("fd_limit", limit).Int("max_hosts", cfg.MaxHosts).
+			Msg("the open-file limit is below what max_hosts needs (a socket per host and per stream); raise LimitNOFILE")
+	}
+	fdCtx, fdStop := context.WithCancel(ctx)
+	defer fdStop()
+	go metrics.WatchFDs(fdCtx, log, 10*time.Second)
 	if cfg.MetricsListen != "" {
 		m := metrics.NewFront()
+		m.RegisterFDUsage("broker")
 		m.Register(metrics.BrokerCollector(func() metrics.BrokerStats {
 			st := b.Stats()
 			return metrics.BrokerStats{HostsOnline: st.HostsOnline, ActiveStreams: st.ActiveStreams, QueuedBytes: st.QueuedBytes, Counts: st.Counts}

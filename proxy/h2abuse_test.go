@@ -407,7 +407,9 @@ func (a *attack) finish(t *testing.T, what string) {
 func TestHTTP2RapidResetIsBounded(t *testing.T) {
 	a := startAttack(t, 0)
 	h, p := a.h, a.p
-	const streams = 20000
+	// 6,000 pairs keep it well inside the PING deadline under -race on 2
+	// loaded cores; the bound it checks does not depend on the count.
+	const streams = 6000
 	sent := 0
 	for i := 0; i < streams; i++ {
 		id := uint32(2*i + 1)

@@ -243,6 +243,8 @@ reach_pingpong() {
 	p1=$(broker_count paused host)
 	R[pp_p50.$via]=$(printf '%.0f' "$(kv p50_us "$out")")
 	R[pp_p99.$via]=$(printf '%.0f' "$(kv p99_us "$out")")
+	R[pp_p999.$via]=$(printf '%.0f' "$(kv p999_us "$out")")
+	R[pp_max.$via]=$(printf '%.0f' "$(kv max_us "$out")")
 	R[pp_ops.$via]=$(kv ops "$out")
 	R[pp_bulk.$via]=$(printf '%.1f' "$(kv bulk_mbs "$out")")
 	[[ -n $p0 && -n $p1 ]] && R[pp_paused.$via]=$((p1 - p0))
@@ -442,7 +444,9 @@ reach_credit_table() {
 	reach_row "broker CPU s/GB, upload" "${R[upload_cpugb.broker]:-}" "${R[upload_cpugb.broker_off]:-}" ""
 	reach_row "ping-pong p50 µs, bulk to a slow reader" "${R[pp_p50.broker]:-}" "${R[pp_p50.broker_off]:-}" "lower"
 	reach_row "ping-pong p99 µs, bulk to a slow reader" "${R[pp_p99.broker]:-}" "${R[pp_p99.broker_off]:-}" "lower"
-	reach_row "ping-pong round trips in the window" "${R[pp_ops.broker]:-}" "${R[pp_ops.broker_off]:-}" ""
+	reach_row "ping-pong p99.9 µs, bulk to a slow reader" "${R[pp_p999.broker]:-}" "${R[pp_p999.broker_off]:-}" "lower"
+	reach_row "ping-pong max µs, bulk to a slow reader" "${R[pp_max.broker]:-}" "${R[pp_max.broker_off]:-}" "lower"
+	reach_row "ping-pong round trips in the window" "${R[pp_ops.broker]:-}" "${R[pp_ops.broker_off]:-}" "higher"
 	reach_row "bulk stream MB/s (the reader's pace)" "${R[pp_bulk.broker]:-}" "${R[pp_bulk.broker_off]:-}" "$(awk -v r="$REACH_SLOW_RATE" 'BEGIN{printf "%.1f", r/1e6}')"
 	reach_row "broker host-socket pauses in the window" "${R[pp_paused.broker]:-}" "${R[pp_paused.broker_off]:-}" "0 with credit"
 	echo
@@ -451,8 +455,10 @@ reach_credit_table() {
 	echo "  on, off, direct per mode."
 	echo "- ping-pong: 64 B /relay/ws echo, one in flight, on one stream, while a second stream of the same"
 	echo "  host (same route credential) GETs /api/bulk?n=4 (32 MiB, 4x the broker's 8 MiB stream queue)"
-	echo "  back to back into a client reading at"
-	echo "  $REACH_SLOW_RATE bytes/s, 64 KiB per read; ${DUR} s after ${WARM} s warm-up (the bulk stream starts"
-	echo "  before the warm-up). Host-socket pauses: securelink_broker_events_total{kind="paused","
-	echo "  outcome="host"} from the broker's /metrics before and after the figure."
+	echo "  back to back into a client reading at $REACH_SLOW_RATE bytes/s, 64 KiB per read; ${DUR} s after"
+	echo "  ${WARM} s warm-up (the bulk stream starts before the warm-up). Host-socket pauses:"
+	echo '  securelink_broker_events_total{kind="paused",outcome="host"} from the broker'"'"'s /metrics'
+	echo "  before and after the figure."
+	echo "- one echo is in flight, so a stall is ONE slow sample: a few long pauses hide above p99; the"
+	echo "  round trips completed in the window and the max show them."
 }

@@ -198,14 +198,15 @@ func cmdEcho(args []string) error {
 	}
 	mu.Lock()
 	sort.Slice(samples, func(i, j int) bool { return samples[i] < samples[j] })
-	p50, p99 := pct(samples, 0.50), pct(samples, 0.99)
+	p50, p99, p999, worst := pct(samples, 0.50), pct(samples, 0.99), pct(samples, 0.999), pct(samples, 1)
 	mu.Unlock()
 	errNote := ""
 	if e := firstErr.Load(); e != nil {
 		errNote = " error=" + strconv.Quote(e.(string))
 	}
-	fmt.Printf("ops=%d secs=%.2f rate=%.1f p50_us=%.1f p99_us=%.1f cpu_us=%.0f cpu_per_op_us=%.2f%s%s%s\n",
-		n, secs, float64(n)/secs, float64(p50)/1e3, float64(p99)/1e3, cpu, cpu/float64(n), watched, bulkNote, errNote)
+	fmt.Printf("ops=%d secs=%.2f rate=%.1f p50_us=%.1f p99_us=%.1f p999_us=%.1f max_us=%.1f cpu_us=%.0f cpu_per_op_us=%.2f%s%s%s\n",
+		n, secs, float64(n)/secs, float64(p50)/1e3, float64(p99)/1e3, float64(p999)/1e3, float64(worst)/1e3,
+		cpu, cpu/float64(n), watched, bulkNote, errNote)
 	return nil
 }
 

@@ -29,6 +29,13 @@ REACH_STREAMS_PER_HOST=16 # the broker's per-host limit
 REACH_ECHO_SIZE=64
 BROKER_URL="wss://127.0.0.1:$BROKER_PORT/v1/connect"
 RFRONT="127.0.0.1:$RFRONT_PORT"
+# The credit figures: a second front on the same broker whose connector
+# declines the extension (reach.credit: false), so "off" is plain v1 on the
+# same broker process in the same run. run.sh sets ROFF_PORT; soak.sh does
+# not start it.
+REACH_OFF_FRONT=${REACH_OFF_FRONT:-0}
+ROFF="127.0.0.1:${ROFF_PORT:-0}"
+REACH_SLOW_RATE=4000000 # bytes/s of the slow reader in the ping-pong figure
 
 reach_start_broker() {
 	local d=$REACH_DIR
@@ -54,6 +61,10 @@ EOF
 	(umask 077 && "$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json >"$d/front-host.json" 2>>"$WORK/broker-admin.log") ||
 		die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
 	local i
+	if ((REACH_OFF_FRONT)); then
+		(umask 077 && "$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json >"$d/front-off-host.json" 2>>"$WORK/broker-admin.log") ||
+			die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
+	fi
 	(
 		umask 077
 		for ((i = 0; i < REACH_IDLE_HOSTS; i++)); do
@@ -75,14 +86,20 @@ EOF
 	}
 }
 
+# reach_start_front [off]: the front with Reach (PID/PIN key rfront, listen
+# $RFRONT, route credential $REACH_DIR/route.json); with "off" the second
+# one, reach.credit: false (key rfront_off, $ROFF, route-off.json).
 reach_start_front() {
-	local d=$REACH_DIR host_id
-	host_id=$(jq -r .host_id "$d/front-host.json")
-	(umask 077 && jq -r .host_token "$d/front-host.json" >"$d/host.token")
-	cat >"$d/front.yaml" <<EOF
-listen: "$RFRONT"
+	local d=$REACH_DIR host_id sfx="" key=rfront addr=$RFRONT credit=true
+	if [[ ${1:-} == off ]]; then
+		sfx=-off key=rfront_off addr=$ROFF credit=false
+	fi
+	host_id=$(jq -r .host_id "$d/front$sfx-host.json")
+	(umask 077 && jq -r .host_token "$d/front$sfx-host.json" >"$d/host$sfx.token")
+	cat >"$d/front$sfx.yaml" <<EOF
+listen: "$addr"
 advertise: "127.0.0.1"
-state_dir: "$d/state"
+state_dir: "$d/state$sfx"
 upstreams:
   relay: "http://127.0.0.1:$UP_PORT"
   api: "http://127.0.0.1:$UP_PORT"
@@ -91,42 +108,45 @@ reach:
   enabled: true
   broker_url: "$BROKER_URL"
   host_id: "$host_id"
-  host_token_file: "$d/host.token"
+  host_token_file: "$d/host$sfx.token"
   ca_file: "$d/broker.crt"
+  credit: $credit
 log: {level: warn, format: json}
 ${REACH_FRONT_YAML:-}
 EOF
-	log "reach: starting the front with Reach on $RFRONT (front + connector, core $LOAD_CPU)"
-	taskset -c "$LOAD_CPU" "$FRONT_BIN" serve --config "$d/front.yaml" >"$WORK/reach-front.out" 2>"$WORK/reach-front.log" &
-	PID[rfront]=$!
-	BG_PIDS+=(${PID[rfront]})
-	local i line="" state=""
+	log "reach: starting the front with Reach (credit: $credit) on $addr (front + connector, core $LOAD_CPU)"
+	taskset -c "$LOAD_CPU" "$FRONT_BIN" serve --config "$d/front$sfx.yaml" >"$WORK/reach-front$sfx.out" 2>"$WORK/reach-front$sfx.log" &
+	PID[$key]=$!
+	BG_PIDS+=(${PID[$key]})
+	local i line="" state="" st=""
 	for i in $(seq 1 300); do
-		line=$(grep -m1 '^listening ' "$WORK/reach-front.out" 2>/dev/null || true)
+		line=$(grep -m1 '^listening ' "$WORK/reach-front$sfx.out" 2>/dev/null || true)
 		[[ -n $line ]] && break
-		kill -0 "${PID[rfront]}" 2>/dev/null || break
+		kill -0 "${PID[$key]}" 2>/dev/null || break
 		sleep 0.1
 	done
 	[[ -n $line ]] || {
-		tail -n 20 "$WORK/reach-front.log" >&2 || true
+		tail -n 20 "$WORK/reach-front$sfx.log" >&2 || true
 		die "the Reach front did not print its listening line within 30 s"
 	}
-	PIN[rfront]=$(awk '{print $6}' <<<"$line")
+	PIN[$key]=$(awk '{print $6}' <<<"$line")
 	for i in $(seq 1 300); do
-		state=$("$FRONT_BIN" status --json --config "$d/front.yaml" 2>/dev/null | jq -r '.reach.state // empty' || true)
+		st=$("$FRONT_BIN" status --json --config "$d/front$sfx.yaml" 2>/dev/null | jq -c '.reach // empty' || true)
+		state=$(jq -r '.state // empty' <<<"${st:-null}" 2>/dev/null || true)
 		[[ $state == connected ]] && break
 		sleep 0.1
 	done
 	[[ $state == connected ]] || {
-		"$FRONT_BIN" status --json --config "$d/front.yaml" 2>&1 | jq -c .reach >&2 || true
+		"$FRONT_BIN" status --json --config "$d/front$sfx.yaml" 2>&1 | jq -c .reach >&2 || true
 		die "the front's connector never reached reach.state connected (last: ${state:-none})"
 	}
-	log "reach: connector connected ($line)"
+	[[ $(jq -r .credit <<<"$st") == "$credit" ]] || die "reach.credit: $credit, but the connector reports credit $(jq -r .credit <<<"$st")"
+	log "reach: connector connected, credit $credit ($line)"
 	# One bootstrap serves exactly one stream; the figures need several, so
 	# trade it for the route credential a phone gets in its first auth.ok.
 	local out
-	out=$(load "$LG" reach-route -admin "$d/state/admin.sock" -addr "$RFRONT" -pin "${PIN[rfront]}" \
-		-ca-file "$d/broker.crt" -out "$d/route.json") || die "could not obtain a route credential through the broker"
+	out=$(load "$LG" reach-route -admin "$d/state$sfx/admin.sock" -addr "$addr" -pin "${PIN[$key]}" \
+		-ca-file "$d/broker.crt" -out "$d/route$sfx.json") || die "could not obtain a route credential through the broker"
 	log "reach: $out"
 }
 
@@ -154,12 +174,23 @@ reach_busy() { # KEY OUT
 		'BEGIN{printf "%.0f%% (front %.0f%%, upstream %.0f%%, client %.0f%%)", (a+b+c)/s/1e4, a/s/1e4, b/s/1e4, c/s/1e4}')
 }
 
+# reach_via VIA: the loadgen arguments of a path. broker = the credit-on
+# front through the broker, broker_off = the credit-off front through the
+# same broker, direct = TLS straight to the credit-on front.
+reach_via() {
+	case $1 in
+	broker) REACH_ARGS=(-pin "${PIN[rfront]}" -pids "${PID[broker]}" -watch "front=${PID[rfront]},upstream=$UP_PID"
+		-reach "$REACH_DIR/route.json" -ca-file "$REACH_DIR/broker.crt") REACH_ADDR=$RFRONT ;;
+	broker_off) REACH_ARGS=(-pin "${PIN[rfront_off]}" -pids "${PID[broker]}" -watch "front=${PID[rfront_off]},upstream=$UP_PID"
+		-reach "$REACH_DIR/route-off.json" -ca-file "$REACH_DIR/broker.crt") REACH_ADDR=$ROFF ;;
+	direct) REACH_ARGS=(-pin "${PIN[rfront]}" -pids "${PID[broker]}" -watch "front=${PID[rfront]},upstream=$UP_PID") REACH_ADDR=$RFRONT ;;
+	esac
+}
+
 reach_xfer() { # MODE VIA
-	local mode=$1 via=$2 out args=()
-	args=(xfer -mode "$mode" -addr "$RFRONT" -pin "${PIN[rfront]}" -duration "${DUR}s" -warmup "${WARM}s"
-		-pids "${PID[broker]}" -watch "front=${PID[rfront]},upstream=$UP_PID")
-	[[ $via == broker ]] && args+=(-reach "$REACH_DIR/route.json" -ca-file "$REACH_DIR/broker.crt")
-	out=$(reach_figure "$mode $via" "${args[@]}") || {
+	local mode=$1 via=$2 out
+	reach_via "$via"
+	out=$(reach_figure "$mode $via" xfer -mode "$mode" -addr "$REACH_ADDR" -duration "${DUR}s" -warmup "${WARM}s" "${REACH_ARGS[@]}") || {
 		fail "reach $mode $via failed (see $RESULTS/logs/reach-loadgen.log)"
 		return 0
 	}
@@ -167,9 +198,9 @@ reach_xfer() { # MODE VIA
 	R[${mode}_cut.$via]=$(kv cut "$out")
 	R[${mode}_err.$via]=$(sed -n 's/.* error=//p' <<<"$out")
 	R[${mode}_n.$via]=$(kv transfers "$out")
-	if [[ $via == broker ]]; then
-		R[${mode}_cpugb]=$(printf '%.2f' "$(kv cpu_s_per_gb "$out")")
-		(($(kv dials "$out") == 1)) || fail "reach $mode: $(kv dials "$out") broker streams, want exactly 1"
+	if [[ $via != direct ]]; then
+		R[${mode}_cpugb.$via]=$(printf '%.2f' "$(kv cpu_s_per_gb "$out")")
+		(($(kv dials "$out") == 1)) || fail "reach $mode $via: $(kv dials "$out") broker streams, want exactly 1"
 	fi
 	reach_busy "$mode.$via" "$out"
 	[[ $(kv cut "$out") == 0 ]] || fail "reach $mode $via: the stream was cut: ${R[${mode}_err.$via]}"
@@ -188,6 +219,37 @@ reach_echo() { # VIA
 	R[rtt_p99.$via]=$(printf '%.0f' "$(kv p99_us "$out")")
 	[[ $via == broker ]] && R[rtt_cpu]=$(printf '%.1f' "$(kv cpu_per_op_us "$out")")
 	reach_busy "echo.$via" "$out"
+}
+
+# broker_count KIND OUTCOME: one securelink_broker_events_total counter
+# from the broker's /metrics (loopback); empty when it cannot be read.
+broker_count() {
+	curl -fsS --max-time 5 "http://127.0.0.1:$BMETRICS_PORT/metrics" 2>/dev/null |
+		awk -v k="securelink_broker_events_total{kind=\"$1\",outcome=\"$2\"}" '$1 == k {print $2; f=1} END {if (!f) print 0}'
+}
+
+# reach_pingpong VIA (broker | broker_off): the 64 B /relay/ws echo on one
+# stream while another stream of the same host downloads /api/bulk back to
+# back (32 MiB each) into a client that reads at $REACH_SLOW_RATE bytes/s.
+reach_pingpong() {
+	local via=$1 out p0 p1
+	reach_via "$via"
+	p0=$(broker_count paused host)
+	out=$(reach_figure "ping-pong $via" echo -url "wss://$REACH_ADDR/relay/ws" -conns 1 -size "$REACH_ECHO_SIZE" \
+		-bulk-rate "$REACH_SLOW_RATE" -duration "${DUR}s" -warmup "${WARM}s" "${REACH_ARGS[@]}") || {
+		fail "reach ping-pong $via failed (see $RESULTS/logs/reach-loadgen.log)"
+		return 0
+	}
+	p1=$(broker_count paused host)
+	R[pp_p50.$via]=$(printf '%.0f' "$(kv p50_us "$out")")
+	R[pp_p99.$via]=$(printf '%.0f' "$(kv p99_us "$out")")
+	R[pp_p999.$via]=$(printf '%.0f' "$(kv p999_us "$out")")
+	R[pp_max.$via]=$(printf '%.0f' "$(kv max_us "$out")")
+	R[pp_ops.$via]=$(kv ops "$out")
+	R[pp_bulk.$via]=$(printf '%.1f' "$(kv bulk_mbs "$out")")
+	[[ -n $p0 && -n $p1 ]] && R[pp_paused.$via]=$((p1 - p0))
+	reach_busy "pingpong.$via" "$out"
+	[[ $(kv bulk_cut "$out") == 0 ]] || fail "reach ping-pong $via: the bulk stream was cut: $(sed -n 's/.* bulk_error=//p' <<<"$out")"
 }
 
 reach_idle() {
@@ -266,15 +328,19 @@ reach_profile() {
 
 reach_run() {
 	[[ -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
+	REACH_OFF_FRONT=1
+	REACH_BROKER_YAML=${REACH_BROKER_YAML:-"metrics: {listen: \"127.0.0.1:$BMETRICS_PORT\"}"}
 	reach_start_broker
 	reach_start_front
+	reach_start_front off
 	# Idle memory first, on a fresh broker (as for the front's idle figure).
 	log "reach: idle hosts and streams"
 	reach_idle
 	sleep 1
 	local mode via
+	# Interleaved, so drift on the shared machine hits credit on and off alike.
 	for mode in download upload; do
-		for via in broker direct; do
+		for via in broker broker_off direct; do
 			log "reach: $mode $via"
 			reach_xfer "$mode" "$via"
 		done
@@ -282,6 +348,10 @@ reach_run() {
 	for via in broker direct; do
 		log "reach: echo $via"
 		reach_echo "$via"
+	done
+	for via in broker broker_off; do
+		log "reach: ping-pong next to a bulk stream read at $REACH_SLOW_RATE B/s, $via"
+		reach_pingpong "$via"
 	done
 	if command -v perf >/dev/null; then
 		reach_profile
@@ -322,10 +392,10 @@ reach_table() {
 	reach_row "upload MB/s, 1 stream (8 MiB POSTs)" "$ul" "${R[upload_mbs.direct]:-}" "≥ 500: $(reach_verdict "$ul" ">=" 500)"
 	reach_row "/relay/ws 64 B echo p50 µs (1 conn)" "$p50" "${R[rtt_p50.direct]:-}" "≤ 300: $(reach_verdict "$p50" "<=" 300)"
 	reach_row "/relay/ws 64 B echo p99 µs (1 conn)" "${R[rtt_p99.broker]:-}" "${R[rtt_p99.direct]:-}" ""
-	reach_row "broker CPU s/GB, download" "${R[download_cpugb]:-}" "" "≤ 2.0 for 500 MB/s on one core"
-	reach_row "broker CPU s/GB, upload" "${R[upload_cpugb]:-}" "" "≤ 2.0 for 500 MB/s on one core"
-	reach_row "broker-bound ceiling MB/s, download" "$(reach_ceiling "${R[download_cpugb]:-}")" "" "1 core / broker CPU per byte"
-	reach_row "broker-bound ceiling MB/s, upload" "$(reach_ceiling "${R[upload_cpugb]:-}")" "" ""
+	reach_row "broker CPU s/GB, download" "${R[download_cpugb.broker]:-}" "" "≤ 2.0 for 500 MB/s on one core"
+	reach_row "broker CPU s/GB, upload" "${R[upload_cpugb.broker]:-}" "" "≤ 2.0 for 500 MB/s on one core"
+	reach_row "broker-bound ceiling MB/s, download" "$(reach_ceiling "${R[download_cpugb.broker]:-}")" "" "1 core / broker CPU per byte"
+	reach_row "broker-bound ceiling MB/s, upload" "$(reach_ceiling "${R[upload_cpugb.broker]:-}")" "" ""
 	reach_row "broker CPU µs per 64 B echo" "${R[rtt_cpu]:-}" "" ""
 	reach_row "broker RSS KiB per idle host" "${R[idle_host_kib]:-}" "" ""
 	reach_row "broker RSS KiB per idle stream" "$kib" "" "≤ 64: $(reach_verdict "$kib" "<=" 64)"
@@ -343,12 +413,52 @@ reach_table() {
 	echo "  The broker config raises attempts_per_minute (default 30 per source) for this figure."
 	echo "- core busy during the windows (broker core | load core):"
 	local k
-	for k in download.broker download.direct upload.broker upload.direct echo.broker echo.direct; do
+	for k in download.broker download.broker_off download.direct upload.broker upload.broker_off upload.direct \
+		echo.broker echo.direct pingpong.broker pingpong.broker_off; do
 		[[ -n ${R[busy_broker.$k]:-} ]] || continue
-		printf '  %-16s broker %3s%% | load %s\n' "$k" "${R[busy_broker.$k]}" "${R[busy_load.$k]}"
+		printf '  %-20s broker %3s%% | load %s\n' "$k" "${R[busy_broker.$k]}" "${R[busy_load.$k]}"
 	done
 	echo "- for scale: the Python reference broker + connector measured 51 MB/s download, 112 MB/s"
 	echo "  upload and 785 µs RTT p50 on this machine class, without inner TLS."
 	[[ -n $REACH_PPROF_NOTE ]] && printf -- '- %s\n' "$REACH_PPROF_NOTE"
+	echo
+	reach_credit_table
 	true
+}
+
+# The credit extension on and off, same broker, same run.
+reach_credit_table() {
+	local k on off r
+	echo "Reach credit extension: on vs off (plain v1), same broker process, same run"
+	echo "          on = the front above; off = a second front with reach.credit: false on the same broker"
+	echo "          (its connector declines the extension), on the load core as well."
+	echo
+	printf '%-46s %9s %9s %13s   %s
+' "figure" "on" "off" "on/off" "target"
+	for k in download upload; do
+		on=${R[${k}_mbs.broker]:-} off=${R[${k}_mbs.broker_off]:-}
+		r=$(reach_ratio "$on" "$off")
+		reach_row "$k MB/s, 1 stream (8 MiB, inner TLS)" "$on" "$off" "on ≥ 0.9× off: $(reach_verdict "${r%x}" ">=" 0.9)"
+	done
+	reach_row "broker CPU s/GB, download" "${R[download_cpugb.broker]:-}" "${R[download_cpugb.broker_off]:-}" ""
+	reach_row "broker CPU s/GB, upload" "${R[upload_cpugb.broker]:-}" "${R[upload_cpugb.broker_off]:-}" ""
+	reach_row "ping-pong p50 µs, bulk to a slow reader" "${R[pp_p50.broker]:-}" "${R[pp_p50.broker_off]:-}" "lower"
+	reach_row "ping-pong p99 µs, bulk to a slow reader" "${R[pp_p99.broker]:-}" "${R[pp_p99.broker_off]:-}" "lower"
+	reach_row "ping-pong p99.9 µs, bulk to a slow reader" "${R[pp_p999.broker]:-}" "${R[pp_p999.broker_off]:-}" "lower"
+	reach_row "ping-pong max µs, bulk to a slow reader" "${R[pp_max.broker]:-}" "${R[pp_max.broker_off]:-}" "lower"
+	reach_row "ping-pong round trips in the window" "${R[pp_ops.broker]:-}" "${R[pp_ops.broker_off]:-}" "higher"
+	reach_row "bulk stream MB/s (the reader's pace)" "${R[pp_bulk.broker]:-}" "${R[pp_bulk.broker_off]:-}" "$(awk -v r="$REACH_SLOW_RATE" 'BEGIN{printf "%.1f", r/1e6}')"
+	reach_row "broker host-socket pauses in the window" "${R[pp_paused.broker]:-}" "${R[pp_paused.broker_off]:-}" "0 with credit"
+	echo
+	echo "notes:"
+	echo "- download/upload: as above (one broker stream, back-to-back 8 MiB transfers), interleaved"
+	echo "  on, off, direct per mode."
+	echo "- ping-pong: 64 B /relay/ws echo, one in flight, on one stream, while a second stream of the same"
+	echo "  host (same route credential) GETs /api/bulk?n=4 (32 MiB, 4x the broker's 8 MiB stream queue)"
+	echo "  back to back into a client reading at $REACH_SLOW_RATE bytes/s, 64 KiB per read; ${DUR} s after"
+	echo "  ${WARM} s warm-up (the bulk stream starts before the warm-up). Host-socket pauses:"
+	echo '  securelink_broker_events_total{kind="paused",outcome="host"} from the broker'"'"'s /metrics'
+	echo "  before and after the figure."
+	echo "- one echo is in flight, so a stall is ONE slow sample: a few long pauses hide above p99; the"
+	echo "  round trips completed in the window and the max show them."
 }

@@ -191,7 +191,7 @@ fi
 [[ ( " ${SERVERS[*]} " != *" front "* && $REACH == 0 ) || -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
 
 # The HTTP/3 servers (front, Caddy) also take their TCP port's number on UDP.
-read -r UP_PORT FRONT_PORT NGINX_PORT BROKER_PORT RFRONT_PORT CADDY_PORT < <("$LG" freeports -n 6)
+read -r UP_PORT FRONT_PORT NGINX_PORT BROKER_PORT RFRONT_PORT CADDY_PORT ROFF_PORT BMETRICS_PORT < <("$LG" freeports -n 8)
 
 # ------------------------------------------------------------------ upstream
 

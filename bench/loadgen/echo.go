@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -38,17 +39,25 @@ func cmdEcho(args []string) error {
 	credPath := fs.String("reach", "", "credential file: each connection is a broker stream")
 	caFile := fs.String("ca-file", "", "the broker's certificate (with -reach)")
 	watch := fs.String("watch", "", "more processes to report CPU of: name=pid[,name=pid]")
+	bulkRate := fs.Float64("bulk-rate", 0, "also download -bulk-path back to back on one more connection (broker stream), read at this many bytes/s; 0 = none")
+	bulkPath := fs.String("bulk-path", "/api/bulk?n=4", "what the bulk connection GETs (default 32 MiB, 4× the broker's stream queue)")
 	fs.Parse(args)
 	if err := wsTarget(*url); err != nil {
 		return err
+	}
+	if *bulkRate < 0 || *bulkRate > 1e10 {
+		return errors.New("bad -bulk-rate")
+	}
+	if !strings.HasPrefix(*bulkPath, "/") || strings.ContainsAny(*bulkPath, " \r\n") {
+		return errors.New("bad -bulk-path")
 	}
 	ws, err := parseWatch(*watch)
 	if err != nil {
 		return err
 	}
+	addr, _, _ := strings.Cut(strings.TrimPrefix(*url, "wss://"), "/")
 	var viaBroker *frontDialer
 	if *credPath != "" {
-		addr, _, _ := strings.Cut(strings.TrimPrefix(*url, "wss://"), "/")
 		if viaBroker, err = newFrontDialer(addr, *pin, *credPath, *caFile); err != nil {
 			return err
 		}
@@ -86,6 +95,19 @@ func cmdEcho(args []string) error {
 		if err := relayAuth(ctx, c, i+1); err != nil {
 			return fmt.Errorf("auth %d: %w", i, err)
 		}
+	}
+	var bulk *bulkLoad
+	if *bulkRate > 0 {
+		d := viaBroker
+		if d == nil {
+			if d, err = newFrontDialer(addr, *pin, "", ""); err != nil {
+				return err
+			}
+		}
+		if bulk, err = startBulk(ctx, d, addr, *bulkPath, *bulkRate); err != nil {
+			return err
+		}
+		defer bulk.stop()
 	}
 	msg := echoPayload(*size)
 	var (
@@ -152,11 +174,13 @@ func cmdEcho(args []string) error {
 	}
 	ws.begin()
 	self0 := selfCPUMicros()
+	bulk0 := bulk.bytes()
 	counting.Store(true)
 	t0 := time.Now()
 	time.Sleep(win.dur)
 	counting.Store(false)
 	secs := time.Since(t0).Seconds()
+	bulkNote := bulk.report(bulk.bytes()-bulk0, secs)
 	self1 := selfCPUMicros()
 	cpu, cerr := meter.end()
 	watched := fmt.Sprintf(" cpu_self_us=%.0f", self1-self0) + ws.end()
@@ -174,15 +198,80 @@ func cmdEcho(args []string) error {
 	}
 	mu.Lock()
 	sort.Slice(samples, func(i, j int) bool { return samples[i] < samples[j] })
-	p50, p99 := pct(samples, 0.50), pct(samples, 0.99)
+	p50, p99, p999, worst := pct(samples, 0.50), pct(samples, 0.99), pct(samples, 0.999), pct(samples, 1)
 	mu.Unlock()
 	errNote := ""
 	if e := firstErr.Load(); e != nil {
 		errNote = " error=" + strconv.Quote(e.(string))
 	}
-	fmt.Printf("ops=%d secs=%.2f rate=%.1f p50_us=%.1f p99_us=%.1f cpu_us=%.0f cpu_per_op_us=%.2f%s%s\n",
-		n, secs, float64(n)/secs, float64(p50)/1e3, float64(p99)/1e3, cpu, cpu/float64(n), watched, errNote)
+	fmt.Printf("ops=%d secs=%.2f rate=%.1f p50_us=%.1f p99_us=%.1f p999_us=%.1f max_us=%.1f cpu_us=%.0f cpu_per_op_us=%.2f%s%s%s\n",
+		n, secs, float64(n)/secs, float64(p50)/1e3, float64(p99)/1e3, float64(p999)/1e3, float64(worst)/1e3,
+		cpu, cpu/float64(n), watched, bulkNote, errNote)
 	return nil
+}
+
+// bulkLoad is the concurrent bulk stream of `echo -bulk-rate`: back-to-back
+// GETs (default 32 MiB) on one connection whose reader keeps to a rate, so
+// the front has more to send than the client takes.
+type bulkLoad struct {
+	x        *xferConn
+	moved    atomic.Int64
+	stopping atomic.Bool
+	firstErr atomic.Value
+	done     chan struct{}
+}
+
+func startBulk(ctx context.Context, d *frontDialer, host, path string, rate float64) (*bulkLoad, error) {
+	c, err := d.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bulk dial %s: %w", d.via(), err)
+	}
+	b := &bulkLoad{
+		x:    &xferConn{c: c, br: bufio.NewReaderSize(c, 64<<10), host: host, buf: make([]byte, xferChunk), rate: rate},
+		done: make(chan struct{}),
+	}
+	go func() {
+		defer close(b.done)
+		for !b.stopping.Load() {
+			if err := b.x.download(path, &b.moved); err != nil {
+				if !b.stopping.Load() {
+					b.firstErr.Store(err.Error())
+				}
+				return
+			}
+		}
+	}()
+	return b, nil
+}
+
+func (b *bulkLoad) bytes() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.moved.Load()
+}
+
+// report is the bulk stream's part of the output line: its rate in the
+// window and whether it was cut before the end.
+func (b *bulkLoad) report(moved int64, secs float64) string {
+	if b == nil {
+		return ""
+	}
+	cut, note := 0, ""
+	if e := b.firstErr.Load(); e != nil {
+		cut, note = 1, " bulk_error="+strconv.Quote(e.(string))
+	}
+	return fmt.Sprintf(" bulk_mbs=%.2f bulk_cut=%d%s", float64(moved)/secs/1e6, cut, note)
+}
+
+// stop ends the bulk stream mid-transfer: closing is the end, not a cut.
+func (b *bulkLoad) stop() {
+	b.stopping.Store(true)
+	b.x.c.Close()
+	select {
+	case <-b.done:
+	case <-time.After(5 * time.Second):
+	}
 }
 
 func waitBounded(wg *sync.WaitGroup, d time.Duration) {

@@ -34,6 +34,7 @@ const (
 	maxMessage    = 1 << 20 // upstream and client read limit per WebSocket message
 	smallBodySize = 100
 	bigBodySize   = 8 << 20
+	maxBulkCopies = 8 // /bulk?n=N: at most 8 × bigBodySize
 	dialTimeout   = 10 * time.Second
 	clkTck        = 100 // USER_HZ on Linux; /proc/<pid>/stat times are in these ticks
 )

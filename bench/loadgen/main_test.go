@@ -45,6 +45,7 @@ func TestUpstreamBodies(t *testing.T) {
 	}{
 		{"/small", smallBodySize, ""},
 		{"/big", bigBodySize, ""},
+		{"/bulk?n=3", 3 * bigBodySize, ""},
 		{"/health", -1, `"status":"ok"`},
 		{"/api/health", -1, `"auth_required":true`},
 	} {
@@ -65,6 +66,16 @@ func TestUpstreamBodies(t *testing.T) {
 		}
 		if tc.has != "" && !bytes.Contains(b, []byte(tc.has)) {
 			t.Errorf("%s: body %q lacks %s", tc.path, b, tc.has)
+		}
+	}
+	for _, q := range []string{"/bulk", "/bulk?n=0", "/bulk?n=9"} {
+		resp, err := http.Get(srv.URL + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("%s: status %d, want 400", q, resp.StatusCode)
 		}
 	}
 	resp, err := http.Get(srv.URL + "/nope")

@@ -44,8 +44,8 @@ func cmdUpstream(args []string) error {
 	return nil
 }
 
-// upstreamHandler serves the routes both fronts forward to: /small and /big
-// for the HTTP figures (fixed Content-Length, bodies built once), /sse for
+// upstreamHandler serves the routes both fronts forward to: /small, /big and
+// /bulk for the HTTP figures (fixed Content-Length, bodies built once), /sse for
 // the soak's event stream,
 // /health and /api/health for the front's availability probes, /ws for the
 // Relay bridge.
@@ -65,6 +65,22 @@ func upstreamHandler() http.Handler {
 		h := w.Header()
 		h["Content-Type"], h["Content-Length"] = octets, bigLen
 		w.Write(big)
+	})
+	// /bulk?n=N is N copies of /big's body (1..maxBulkCopies) in one
+	// response: a transfer larger than the broker's 8 MiB stream queue.
+	mux.HandleFunc("/bulk", func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.Atoi(r.URL.Query().Get("n"))
+		if err != nil || n < 1 || n > maxBulkCopies {
+			http.Error(w, "n must be 1..8", http.StatusBadRequest)
+			return
+		}
+		h := w.Header()
+		h["Content-Type"], h["Content-Length"] = octets, []string{strconv.Itoa(n * len(big))}
+		for i := 0; i < n; i++ {
+			if _, err := w.Write(big); err != nil {
+				return
+			}
+		}
 	})
 	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -76,6 +76,26 @@ type xferConn struct {
 	br   *bufio.Reader
 	host string
 	buf  []byte
+	// rate > 0 makes download a slow reader: at most rate bytes/s, read
+	// 64 KiB at a time (a phone on a slow link).
+	rate  float64
+	start time.Time
+	read  int64
+}
+
+// pace sleeps until reading more keeps the connection under x.rate and
+// returns the largest read to make next.
+func (x *xferConn) pace() int {
+	if x.rate <= 0 {
+		return len(x.buf)
+	}
+	if x.start.IsZero() {
+		x.start = time.Now()
+	}
+	if d := time.Until(x.start.Add(time.Duration(float64(x.read) / x.rate * float64(time.Second)))); d > 0 {
+		time.Sleep(d)
+	}
+	return min(len(x.buf), 64<<10)
 }
 
 func (x *xferConn) download(path string, moved *atomic.Int64) error {
@@ -94,8 +114,9 @@ func (x *xferConn) download(path string, moved *atomic.Int64) error {
 	}
 	var got int64
 	for {
-		n, err := resp.Body.Read(x.buf)
+		n, err := resp.Body.Read(x.buf[:x.pace()])
 		got += int64(n)
+		x.read += int64(n)
 		moved.Add(int64(n))
 		if err == io.EOF {
 			break

@@ -86,7 +86,8 @@ type Config struct {
 	// default, 8 MiB.
 	HostCreditBytes int
 	// DisableCredit makes registered offer no extension: every host runs
-	// plain v1 (tests and benchmarks compare the two).
+	// plain v1 (tests and benchmarks compare the two). YAML `credit`
+	// (default true) is its negation.
 	DisableCredit bool
 	// ShutdownRetryAfter is the reconnect delay Close advises its hosts in
 	// the close reason "shutdown retry=SECONDS" (whole seconds, at most
@@ -316,6 +317,7 @@ type fileConfig struct {
 	MaxStreamsPerRt   *int        `yaml:"max_streams_per_route"`
 	AttemptsPerMinute *int        `yaml:"attempts_per_minute"`
 	MaxQueueBytes     *int64      `yaml:"max_queue_bytes"`
+	Credit            *bool       `yaml:"credit"` // false sets DisableCredit
 	Metrics           fileMetrics `yaml:"metrics"`
 	Log               fileLog     `yaml:"log"`
 }
@@ -395,6 +397,9 @@ func (fc *fileConfig) apply(c *Config) {
 	setInt(&c.AttemptsPerMinute, fc.AttemptsPerMinute)
 	if fc.MaxQueueBytes != nil {
 		c.MaxQueueBytes = *fc.MaxQueueBytes
+	}
+	if fc.Credit != nil {
+		c.DisableCredit = !*fc.Credit
 	}
 	c.MetricsListen = fc.Metrics.Listen
 	set(&c.LogLevel, fc.Log.Level)

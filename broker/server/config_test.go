@@ -89,6 +89,7 @@ max_streams_per_host: 8
 max_streams_per_route: 2
 attempts_per_minute: 60
 max_queue_bytes: 67108864
+credit: false
 metrics: {listen: ""}
 log: {level: debug, format: json}
 `)
@@ -98,7 +99,8 @@ log: {level: debug, format: json}
 	}
 	if c.Listen != "127.0.0.1:9555" || !c.InsecurePlaintext || c.MaxHosts != 10 || c.MaxStreamsPerHost != 8 ||
 		c.MaxStreamsPerRoute != 2 || c.AttemptsPerMinute != 60 || c.MaxQueueBytes != 64<<20 ||
-		c.LogLevel != "debug" || c.LogFormat != "json" || c.HostsFile != "/var/lib/reach/hosts.json" {
+		c.LogLevel != "debug" || c.LogFormat != "json" || c.HostsFile != "/var/lib/reach/hosts.json" ||
+		!c.DisableCredit {
 		t.Fatalf("%+v", c)
 	}
 	// Keys not written keep their defaults.
@@ -106,8 +108,12 @@ log: {level: debug, format: json}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Listen != ":9444" || c.MaxStreamsPerRoute != 4 || c.LogLevel != "info" {
+	if c.Listen != ":9444" || c.MaxStreamsPerRoute != 4 || c.LogLevel != "info" || c.DisableCredit {
 		t.Fatalf("%+v", c)
+	}
+	c, err = LoadConfig(writeYAML(t, "hosts_file: h\nstate_file: s\ntls: {cert_file: c, key_file: k}\ncredit: true\n"))
+	if err != nil || c.DisableCredit {
+		t.Fatalf("credit: true: %v %+v", err, c)
 	}
 }
 
@@ -122,6 +128,7 @@ func TestLoadConfigErrorsNameFileAndLine(t *testing.T) {
 		{"hosts_file: h\nstate_file: s\nlisten: 0.0.0.0:1\ninsecure_plaintext: true\n", ":4: insecure_plaintext: plain ws:// is allowed only"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ntls:\n  acme:\n    email: a@b\n", ":6: tls.acme: ACME is not supported yet"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmetrics:\n  listen: 10.0.0.1:9\n", ":6: metrics.listen: must be a loopback"},
+		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ncredit: sometimes\n", ":5:"},
 		{"- a\n- b\n", ":1: the configuration must be a mapping"},
 		{"state_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\n", "hosts_file: required"},
 	}

@@ -33,22 +33,29 @@ type reachStack struct {
 
 func startReachStack(t *testing.T) *reachStack {
 	t.Helper()
+	return startReachStackWith(t, "", "")
+}
+
+// startReachStackWith adds brokerYAML to the broker's configuration and
+// reachYAML (indented keys) to the front's reach block.
+func startReachStackWith(t *testing.T, brokerYAML, reachYAML string) *reachStack {
+	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o700)
 	certFile, keyFile := brokerCert(t, dir)
 	bport := freePort(t)
 	bmetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	fmetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	bcfg := writeBrokerConfig(t, dir, fmt.Sprintf("listen: \"127.0.0.1:%d\"\ntls: {cert_file: %s, key_file: %s}\nmetrics: {listen: %q}\n",
-		bport, certFile, keyFile, bmetrics))
+	bcfg := writeBrokerConfig(t, dir, fmt.Sprintf("listen: \"127.0.0.1:%d\"\ntls: {cert_file: %s, key_file: %s}\nmetrics: {listen: %q}\n%s",
+		bport, certFile, keyFile, bmetrics, brokerYAML))
 	hostID, hostToken := addHost(t, bcfg)
 	startLineProc(t, "broker listening", "broker", "serve", "--config", bcfg)
 
 	tokenFile := filepath.Join(dir, "host.token")
 	os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600)
 	cfgPath := writeConfig(t, dir, echoRelay(t))
-	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\nmetrics:\n  listen: %q\n",
-		bport, hostID, tokenFile, certFile, fmetrics))
+	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\n%smetrics:\n  listen: %q\n",
+		bport, hostID, tokenFile, certFile, reachYAML, fmetrics))
 	d := startDaemon(t, cfgPath)
 
 	cl := waitReachConnected(t, dir, d)
@@ -145,6 +152,27 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 		if strings.Contains(front, secret) || strings.Contains(broker, secret) {
 			t.Errorf("a scrape contains a credential or identifier")
 		}
+	}
+}
+
+// `credit: false` in the broker's YAML, or `reach.credit: false` in the
+// front's, leaves the registration on plain v1 (the default, on, is
+// asserted by TestReachEndToEndFromTheCLI's metrics).
+func TestReachCreditKeysTurnTheExtensionOff(t *testing.T) {
+	for name, yaml := range map[string][2]string{
+		"broker": {"credit: false\n", ""},
+		"front":  {"", "  credit: false\n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rs := startReachStackWith(t, yaml[0], yaml[1])
+			st, err := reachStatus(rs.admin)
+			if err != nil || st.State != connector.StateConnected || st.Credit {
+				t.Fatalf("status: %v %+v", err, st)
+			}
+			if front := scrapeText(t, rs.frontMetrics); !strings.Contains(front, "securelink_reach_credit 0") {
+				t.Fatalf("front metrics: %s", grepLines(front, "securelink_reach"))
+			}
+		})
 	}
 }
 

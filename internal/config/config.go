@@ -91,6 +91,9 @@ type Reach struct {
 	HostTokenFile string `yaml:"host_token_file"`
 	CAFile        string `yaml:"ca_file"`
 	MaxStreams    int    `yaml:"max_streams"` // 16
+	// Credit accepts the broker's "credit" flow-control extension when it
+	// offers it (true); false keeps every stream on plain v1.
+	Credit bool `yaml:"credit"` // true
 }
 
 // Admin configures the local control socket.
@@ -119,7 +122,7 @@ func Default() *Config {
 			API:       "http://127.0.0.1:8642",
 			Dashboard: "http://127.0.0.1:9119",
 		},
-		Reach: Reach{MaxStreams: 16},
+		Reach: Reach{MaxStreams: 16, Credit: true},
 		Log:   Log{Level: "info", Format: "auto"},
 	}
 }

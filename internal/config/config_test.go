@@ -12,7 +12,7 @@ func TestDefaultsValidate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if c.Listen != ":9443" || c.TLS.Mode != "self_signed" || c.Reach.MaxStreams != 16 {
+	if c.Listen != ":9443" || c.TLS.Mode != "self_signed" || c.Reach.MaxStreams != 16 || !c.Reach.Credit {
 		t.Fatalf("unexpected defaults: %+v", c)
 	}
 	if err := c.Unsupported(); err != nil {
@@ -49,6 +49,7 @@ func TestBadValueNamesFileAndLine(t *testing.T) {
 		"extra_names: [\"ok.example\", \"a b\"]\n":               "c.yaml:1: extra_names",
 		"http3: maybe\n":                                         "c.yaml:1:",
 		"reach:\n  max_streams: 0\n":                             "c.yaml:2: reach.max_streams",
+		"reach:\n  credit: sometimes\n":                          "c.yaml:2:",
 	}
 	for in, want := range cases {
 		_, err := Parse("c.yaml", []byte(in))
@@ -136,8 +137,13 @@ func TestLoadFileAndExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.File != p || c.Advertise != "Host.Example." {
+	if c.File != p || c.Advertise != "Host.Example." || !c.Reach.Credit {
 		t.Fatalf("loaded %+v", c)
+	}
+	// reach.credit: false survives the defaults; so does an unset key next to it.
+	c, err = Parse("c.yaml", []byte("reach:\n  credit: false\n"))
+	if err != nil || c.Reach.Credit || c.Reach.MaxStreams != 16 {
+		t.Fatalf("reach.credit: false: %v %+v", err, c.Reach)
 	}
 	// The shipped example must load as it is and switch nothing unsupported on.
 	ex, err := Load("../../config.example.yaml")

@@ -34,12 +34,13 @@ func newConnector(rc config.Reach, log zerolog.Logger) (*connector.Connector, er
 		return nil, fmt.Errorf("reach.ca_file: %w", err)
 	}
 	c, err := connector.New(connector.Config{
-		BrokerURL:  rc.BrokerURL,
-		HostID:     rc.HostID,
-		Token:      wire.Secret(tok),
-		RootCAs:    pool,
-		MaxStreams: rc.MaxStreams,
-		Log:        log.With().Str("component", "reach").Logger(),
+		BrokerURL:     rc.BrokerURL,
+		HostID:        rc.HostID,
+		Token:         wire.Secret(tok),
+		RootCAs:       pool,
+		MaxStreams:    rc.MaxStreams,
+		DisableCredit: !rc.Credit,
+		Log:           log.With().Str("component", "reach").Logger(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reach: %w", err)

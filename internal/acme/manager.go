@@ -397,7 +397,10 @@ func (m *Manager) emit(kind EventKind, name string) {
 
 // renewalStart is when certmagic's ratio puts the start of renewal.
 func (m *Manager) renewalStart(leaf *x509.Certificate) time.Time {
-	ratio := m.c.RenewalWindowRatio
+	return renewalStart(leaf, m.c.RenewalWindowRatio)
+}
+
+func renewalStart(leaf *x509.Certificate, ratio float64) time.Time {
 	if ratio == 0 {
 		ratio = certmagic.DefaultRenewalWindowRatio
 	}

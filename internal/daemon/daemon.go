@@ -61,6 +61,8 @@ type Ready struct {
 	Authority   pinning.Authority
 	Pin         string
 	AdminSocket string
+	// SelfCheck is the watchdog's check (nil error = alive).
+	SelfCheck func(context.Context) error
 }
 
 // daemon is the running front with what it needs to reload itself.
@@ -226,12 +228,13 @@ func Run(ctx context.Context, o Options) error {
 	notify.Status("serving %s, pin %s", auth, id.Pin)
 	wdCtx, wdStop := context.WithCancel(ctx)
 	defer wdStop()
-	go notify.Watchdog(wdCtx, d.selfCheck(ln.Addr().(*net.TCPAddr)))
+	selfCheck := d.selfCheck(ln.Addr().(*net.TCPAddr))
+	go notify.Watchdog(wdCtx, selfCheck)
 	log.Info().Str("event", "listening").Str("listen", ln.Addr().String()).
 		Str("authority", auth.String()).Str("pin_sha256", id.Pin).
 		Str("admin_socket", adm.Path()).Bool("http3", d.http3).Msg("Secure Link front is up")
 	if o.Ready != nil {
-		o.Ready(Ready{Addr: ln.Addr(), Authority: auth, Pin: id.Pin, AdminSocket: adm.Path()})
+		o.Ready(Ready{Addr: ln.Addr(), Authority: auth, Pin: id.Pin, AdminSocket: adm.Path(), SelfCheck: selfCheck})
 	}
 
 	for {

@@ -28,6 +28,7 @@ import (
 	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/internal/daemon"
+	"github.com/hermes-securelink/securelink/internal/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -123,6 +124,18 @@ func TestClientsUseTheACMECertificateAcrossRenewal(t *testing.T) {
 	}
 	if der, _ := base64.StdEncoding.DecodeString(pj.CertDER); len(der) == 0 {
 		t.Fatalf("pin --json has no cert_der: %s", so)
+	}
+	// pair: the QR carries the ACME leaf, and no note says Android refuses it.
+	secret := bytes.Repeat([]byte{7}, 32)
+	so, se, err = runPairCLI(t, newHermesHome(t, t.TempDir(), secret), "200", "--config", cfgPath, "--relay", fakeMintRelay(t, secret, nil).URL, "--json")
+	if err != nil {
+		t.Fatalf("pair: %v\n%s", err, se)
+	}
+	var pr struct {
+		Notes []pairing.ClientNote `json:"client_notes"`
+	}
+	if err := json.Unmarshal([]byte(so), &pr); err != nil || len(pr.Notes) != 0 || !strings.Contains(so, qr.CertDER) {
+		t.Fatalf("pair with an ACME certificate: notes %+v (%v), or the QR lacks the served leaf:\n%s", pr.Notes, err, so)
 	}
 
 	// Android: a JVM whose trust store holds Pebble's root (as a phone's

@@ -170,8 +170,14 @@ func (id *Identity) Current() *Identity {
 	return &c
 }
 
-// SANs lists the names the certificate covers.
-func (id *Identity) SANs() []string { return SANs(id.Leaf) }
+// SANs lists the names the certificate covers (none while an ACME identity
+// has no certificate).
+func (id *Identity) SANs() []string {
+	if id.Leaf == nil {
+		return nil
+	}
+	return SANs(id.Leaf)
+}
 
 // CertDERBase64 is the standard base64 of the leaf DER, as in cert_der.
 func (id *Identity) CertDERBase64() string { return base64.StdEncoding.EncodeToString(id.CertDER) }

@@ -16,6 +16,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/acme/acmetest"
 	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/config"
@@ -192,4 +194,69 @@ func TestClientsUseTheACMECertificateAcrossRenewal(t *testing.T) {
 		der, _ := base64.StdEncoding.DecodeString(pj.CertDER)
 		return pj.Pin == ready.Pin && !bytes.Equal(der, first.Raw)
 	})
+}
+
+// pin in acme mode, from the storage: waiting before the first certificate
+// (no cert_der, what the challenge needs), then pin, issuer, expiry and next
+// renewal; a key deleted under the stored certificate is reported as a
+// rotation.
+func TestPinInACMEMode(t *testing.T) {
+	tc := acmetest.StartCA(t, acmetest.Options{})
+	dir := t.TempDir()
+	cfgPath := writeConfig(t, dir, "http://127.0.0.1:1")
+	setAdvertise(t, cfgPath, "front.acme.test")
+	appendConfig(t, cfgPath, fmt.Sprintf("advertise_port: 9443\ntls:\n  mode: acme\n  acme:\n    ca: %q\n    ca_root_file: %q\n    challenge: http-01\n    http_port: %d\n",
+		tc.DirURL, tc.RootFile, tc.HTTPPort))
+	var pj struct {
+		Pin     string          `json:"pin_sha256"`
+		CertDER string          `json:"cert_der"`
+		TLS     admin.TLSStatus `json:"tls"`
+	}
+	so, se, err := runCLI(t, "pin", "--json", "--config", cfgPath)
+	if err != nil || json.Unmarshal([]byte(so), &pj) != nil || pj.Pin == "" || pj.CertDER != "" ||
+		pj.TLS.State != "waiting_first_certificate" || !strings.Contains(pj.TLS.Needs, "http-01") {
+		t.Fatalf("pin before a certificate: %v %s %s", err, so, se)
+	}
+	firstPin := pj.Pin
+
+	// Obtain one into the storage, as the daemon would.
+	e, err := config.LoadEnv(cfgPath, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := pinning.Authority{Host: "front.acme.test", Port: 9443}
+	id, err := pinning.Load(e.IdentityConfig(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := e.ACMEOptions(a, id.Signer())
+	o.Logger = zerolog.Nop()
+	m, err := acme.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() string { return fmt.Sprintf("no certificate: %+v", m.Status().CertStatus) },
+		func() bool { return m.Status().State == acme.StateValid })
+	m.Close()
+	so, se, err = runCLI(t, "pin", "--config", cfgPath)
+	if err != nil {
+		t.Fatalf("pin: %v %s", err, se)
+	}
+	for _, want := range []string{"pin_sha256   " + firstPin, "tls          acme, valid", "issuer       Pebble", "not_after    20", "next_renewal 20"} {
+		if !strings.Contains(so, want) {
+			t.Fatalf("pin output lacks %q:\n%s", want, so)
+		}
+	}
+	// The key deleted: pin makes a new one and reports the rotation.
+	if err := os.Remove(pinning.IdentityPath(e.StateDir)); err != nil {
+		t.Fatal(err)
+	}
+	so, se, err = runCLI(t, "pin", "--json", "--config", cfgPath)
+	if err != nil || json.Unmarshal([]byte(so), &pj) != nil || pj.Pin == firstPin || pj.TLS.Rotation == nil ||
+		pj.TLS.Rotation.OldPin != firstPin || !strings.Contains(se, "every paired client must re-pair") {
+		t.Fatalf("pin after the key was deleted: %v %s %s", err, so, se)
+	}
 }

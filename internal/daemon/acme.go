@@ -34,6 +34,7 @@ func (d *daemon) buildACME(e *config.Env, a pinning.Authority, id *pinning.Ident
 	o := e.ACMEOptions(a, id.Signer())
 	o.Logger = d.log
 	o.RenewalWindowRatio, o.RenewCheckInterval = d.opts.ACMERenewalWindowRatio, d.opts.ACMERenewCheckInterval
+	o.DNSResolvers = d.opts.ACMEDNSResolvers
 	sig := fmt.Sprintf("%s|%v|%s|%+v", id.Pin, o.Names, o.StorageDir, e.Cfg.TLS.ACME)
 	d.mu.Lock()
 	cur, curSig := d.acme, d.acmeSig

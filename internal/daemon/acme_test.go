@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,6 +32,8 @@ import (
 )
 
 const acmeName = "front.acme.test"
+
+var regexpPort = regexp.MustCompile(`http_port: [0-9]+`)
 
 // acmeConfig is a daemon in acme mode against tc; acmeBlock is the
 // tls.acme body (indented four spaces).
@@ -184,7 +187,8 @@ func eventually45(t *testing.T, what func() string, cond func() bool) {
 // Until the first certificate exists the daemon is READY and alive for the
 // watchdog, every handshake fails with an alert, status says why and when
 // the next try is, and /identity refuses to pair. The CA here cannot reach
-// the solver (it listens where the CA does not look).
+// the solver (it listens where the CA does not look) until a reload fixes
+// the port.
 func TestACMEWaitingForTheFirstCertificate(t *testing.T) {
 	tc := acmetest.StartCA(t, acmetest.Options{})
 	dir := t.TempDir()
@@ -210,6 +214,24 @@ func TestACMEWaitingForTheFirstCertificate(t *testing.T) {
 	}
 	if !strings.Contains(r.logs.String(), `"event":"acme_waiting"`) || !strings.Contains(r.logs.String(), `"next_attempt"`) {
 		t.Fatalf("the log does not say what is missing and when the next try is: %s", tail(r.logs.String()))
+	}
+	// Fixing the solver port and reloading rebuilds the manager, which
+	// obtains the certificate; the key (and so the pin) stays.
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = regexpPort.ReplaceAll(b, []byte(fmt.Sprintf("http_port: %d", tc.HTTPPort)))
+	if err := os.WriteFile(cfg, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.reload <- syscall.SIGHUP
+	st = waitStatus(t, r, "the certificate after the reload", tlsValid)
+	if st.PinSHA256 != r.ready.Pin || st.TLS.Rotation != nil {
+		t.Fatalf("after the reload: pin %s, want %s; %+v", st.PinSHA256, r.ready.Pin, st.TLS)
+	}
+	if _, err := dialACME(r.ready.Addr.String(), tc.Roots, r.ready.Pin); err != nil {
+		t.Fatalf("after the reload: %v", err)
 	}
 	// The self-check still fails on a front that does not answer at all.
 	r.stop()
@@ -257,5 +279,27 @@ func TestACMEKeyDeletedIsReportedAsRotation(t *testing.T) {
 	_, err := dialACME(r.ready.Addr.String(), tc.Roots, r.ready.Pin)
 	if err == nil || errors.As(err, &alert) && alert.Op == "remote error" {
 		t.Fatalf("a client with the old pin: %v, want its own pin check to refuse", err)
+	}
+}
+
+// DNS-01 through lego's RFC 2136 provider against a real named (TSIG): no
+// port of the daemon is reachable by the CA, the TXT record is what proves
+// control; the credentials file is 0600 and its secret never reaches the log.
+func TestACMEDNS01RFC2136(t *testing.T) {
+	ns := acmetest.StartNamed(t)
+	tc := acmetest.StartCA(t, acmetest.Options{Resolver: ns.Addr})
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "dns.env")
+	if err := os.WriteFile(creds, []byte(ns.Credentials()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := acmeConfig(t, dir, tc, fmt.Sprintf("    challenge: dns-01\n    dns_provider: rfc2136\n    dns_credentials_file: %q\n", creds), "")
+	r := startOpts(t, cfg, Options{ACMEDNSResolvers: []string{ns.Addr}})
+	waitStatus(t, r, "the certificate (dns-01)", tlsValid)
+	if _, err := dialACME(r.ready.Addr.String(), tc.Roots, r.ready.Pin); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(r.logs.String(), ns.Secret) {
+		t.Fatal("the TSIG secret reached the log")
 	}
 }

@@ -53,6 +53,9 @@ type Options struct {
 	// renewal schedule (acme.Options); for tests, zero in production.
 	ACMERenewalWindowRatio float64
 	ACMERenewCheckInterval time.Duration
+	// ACMEDNSResolvers are asked for dns-01 records instead of the zone's
+	// authoritative servers (acme.Options.DNSResolvers); for tests.
+	ACMEDNSResolvers []string
 }
 
 // Ready is what the daemon serves once it listens.

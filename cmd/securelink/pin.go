@@ -89,7 +89,7 @@ func acmeView(e *config.Env, a pinning.Authority, id *pinning.Identity) (*pinnin
 	return id.Current(), ts, nil
 }
 
-// rfc3339 formats a certificate time; "" without a certificate.
+// certTime formats one of a certificate's times; "" without a certificate.
 func certTime(leaf *x509.Certificate, t func(*x509.Certificate) time.Time) string {
 	if leaf == nil {
 		return ""

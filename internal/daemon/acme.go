@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,6 +60,7 @@ func (d *daemon) commitACME(ctx context.Context, b *acmeBuilt, acmeMode bool, ne
 		if !acmeMode && old != nil {
 			old.Close()
 			d.mu.Lock()
+			d.renewFailPrior += old.Status().RenewalFailures
 			d.acme, d.acmeSig, d.acmeNeeds = nil, "", ""
 			d.mu.Unlock()
 		}
@@ -73,6 +73,9 @@ func (d *daemon) commitACME(ctx context.Context, b *acmeBuilt, acmeMode bool, ne
 	}
 	if old != nil {
 		old.Close()
+		d.mu.Lock()
+		d.renewFailPrior += old.Status().RenewalFailures
+		d.mu.Unlock()
 	}
 	if err := b.m.Start(ctx); err != nil {
 		b.m.Close()
@@ -138,8 +141,7 @@ func (d *daemon) waitingForFirstCertificate() bool {
 // a TLS alert (what a front without its first certificate does).
 func answeredWithAlert(err error) bool {
 	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "remote error" ||
-		strings.Contains(err.Error(), "remote error: tls:")
+	return errors.As(err, &oe) && oe.Op == "remote error"
 }
 
 // registerTLSMetrics: the served certificate's expiry and the renewals
@@ -155,9 +157,11 @@ func (d *daemon) registerTLSMetrics(m *metrics.Front) {
 			return float64(cur.Leaf.NotAfter.Unix())
 		})
 	m.CounterFunc("securelink_acme_renewal_failures_total",
-		"ACME renewals that failed since the manager started (acme mode).", prometheus.Labels{},
+		"ACME renewals that failed since the daemon started (acme mode).", prometheus.Labels{},
 		func() float64 {
 			st, _, _ := d.acmeStatus()
-			return float64(st.RenewalFailures)
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return float64(d.renewFailPrior + st.RenewalFailures)
 		})
 }

@@ -90,6 +90,9 @@ type daemon struct {
 	acme      *acme.Manager // tls.mode acme: the running manager
 	acmeSig   string        // what it was built from (buildACME)
 	acmeNeeds string        // what its challenge needs (status, logs)
+	// renewFailPrior counts the failed renewals of managers a reload
+	// replaced, so the metric stays a counter.
+	renewFailPrior uint64
 }
 
 // built is what a configuration turns into: front options, the identity to

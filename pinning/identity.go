@@ -65,11 +65,13 @@ var ErrNoIdentity = errors.New("no identity")
 type IdentityConfig struct {
 	// StateDir holds the self-signed identity (0700).
 	StateDir string
-	// Mode is ModeSelfSigned (default when empty) or ModeFiles; ModeACME is
-	// recognized and refused as not supported yet.
+	// Mode is ModeSelfSigned (default when empty), ModeFiles or ModeACME.
+	// In ModeACME the identity file holds only what matters: the persistent
+	// key (its self-signed certificate is never served); the certificates
+	// come from a CertSource (WithCertSource).
 	Mode string
 	// KeyType is KeyECDSAP256 (default when empty) or KeyRSA3072; it only
-	// matters when a self-signed identity is created.
+	// matters when a self-signed identity (or ACME key) is created.
 	KeyType string
 	// CertFile and KeyFile are the operator's PEM files in files mode.
 	CertFile, KeyFile string
@@ -103,10 +105,82 @@ type Identity struct {
 	KeyType string
 	// Warnings are problems that do not prevent serving.
 	Warnings []string
+
+	// live, when set, serves the certificate per handshake (ModeACME): the
+	// key stays, the certificate changes at each renewal.
+	live CertSource
 }
 
-// SANs lists the names the certificate covers.
-func (id *Identity) SANs() []string { return SANs(id.Leaf) }
+// CertSource supplies the certificates of an identity whose certificate
+// changes while its key stays (tls.mode acme). An empty ServerName asks for
+// the authority's certificate. An error fails the handshake with an alert.
+type CertSource interface {
+	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
+}
+
+// ErrNoCertificateYet: an ACME identity has no certificate to serve yet.
+var ErrNoCertificateYet = errors.New("no certificate for the identity key yet")
+
+// noCertYet is the source of an ACME identity until WithCertSource: it never
+// falls back to the self-signed certificate, which would serve another
+// profile under the same pin.
+type noCertYet struct{}
+
+func (noCertYet) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return nil, ErrNoCertificateYet
+}
+
+// WithCertSource returns a copy of id whose certificates come from src (an
+// ACME manager issuing for id's key).
+func (id *Identity) WithCertSource(src CertSource) *Identity {
+	c := *id
+	c.live = src
+	return &c
+}
+
+// Sourced reports whether the certificates come from a CertSource.
+func (id *Identity) Sourced() bool { return id.live != nil }
+
+// Signer is the identity's private key.
+func (id *Identity) Signer() crypto.Signer {
+	s, _ := id.Certificate.PrivateKey.(crypto.Signer)
+	return s
+}
+
+// GetCertificate is the certificate a handshake gets (hello's name is
+// already known to be allowed).
+func (id *Identity) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if id.live != nil {
+		return id.live.GetCertificate(hello)
+	}
+	return &id.Certificate, nil
+}
+
+// Current is the identity as handshakes see it now: for a sourced identity,
+// a copy holding the authority's current certificate (leaf + chain), or
+// with Leaf and CertDER nil while there is none. The pin is the key's
+// either way.
+func (id *Identity) Current() *Identity {
+	if id.live == nil {
+		return id
+	}
+	c := *id
+	c.Leaf, c.CertDER, c.Certificate.Certificate = nil, nil, nil
+	cert, err := id.live.GetCertificate(&tls.ClientHelloInfo{})
+	if err == nil && cert != nil && cert.Leaf != nil {
+		c.Certificate.Certificate, c.Leaf, c.CertDER = cert.Certificate, cert.Leaf, cert.Leaf.Raw
+	}
+	return &c
+}
+
+// SANs lists the names the certificate covers (none while an ACME identity
+// has no certificate).
+func (id *Identity) SANs() []string {
+	if id.Leaf == nil {
+		return nil
+	}
+	return SANs(id.Leaf)
+}
 
 // CertDERBase64 is the standard base64 of the leaf DER, as in cert_der.
 func (id *Identity) CertDERBase64() string { return base64.StdEncoding.EncodeToString(id.CertDER) }
@@ -130,9 +204,9 @@ func (c IdentityConfig) check() (checkedConfig, error) {
 		cc.Now = time.Now
 	}
 	switch cc.Mode {
-	case ModeSelfSigned:
+	case ModeSelfSigned, ModeACME:
 		if cc.StateDir == "" {
-			return cc, errors.New("tls.mode self_signed needs a state directory")
+			return cc, fmt.Errorf("tls.mode %s needs a state directory", cc.Mode)
 		}
 		if cc.KeyType != KeyECDSAP256 && cc.KeyType != KeyRSA3072 {
 			return cc, fmt.Errorf("tls.key_type %q: want %s or %s", cc.KeyType, KeyECDSAP256, KeyRSA3072)
@@ -141,10 +215,8 @@ func (c IdentityConfig) check() (checkedConfig, error) {
 		if cc.CertFile == "" || cc.KeyFile == "" {
 			return cc, errors.New("tls.mode files needs tls.cert_file and tls.key_file")
 		}
-	case ModeACME:
-		return cc, errors.New("tls.mode acme is not supported yet; use self_signed or files")
 	default:
-		return cc, fmt.Errorf("tls.mode %q: want %s or %s", cc.Mode, ModeSelfSigned, ModeFiles)
+		return cc, fmt.Errorf("tls.mode %q: want %s, %s or %s", cc.Mode, ModeSelfSigned, ModeFiles, ModeACME)
 	}
 	add := func(what, s string) error {
 		n, err := NormalizeHost(s)
@@ -239,8 +311,8 @@ func Rotate(c IdentityConfig) (*Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cc.Mode != ModeSelfSigned {
-		return nil, fmt.Errorf("rotation only applies to tls.mode self_signed; in %s mode install a new certificate and key instead", cc.Mode)
+	if cc.Mode == ModeFiles {
+		return nil, fmt.Errorf("rotation only applies to tls.mode self_signed and acme; in %s mode install a new certificate and key instead", cc.Mode)
 	}
 	if len(cc.names) == 0 {
 		return nil, errors.New("no authority host to issue the identity for")
@@ -281,8 +353,26 @@ func Rotate(c IdentityConfig) (*Identity, error) {
 	return finish(id, cc)
 }
 
-// finish applies the checks common to every mode.
+// finish applies the checks common to every mode. An ACME identity is its
+// key: the names and validity of the file's self-signed certificate do not
+// matter, since it is never served.
 func finish(id *Identity, cc checkedConfig) (*Identity, error) {
+	if cc.Mode == ModeACME {
+		id.live = noCertYet{}
+	} else {
+		if err := checkCertificate(id, cc); err != nil {
+			return nil, err
+		}
+	}
+	if cc.Mode != ModeFiles && id.KeyType != cc.KeyType {
+		id.Warnings = append(id.Warnings, fmt.Sprintf("tls.key_type is %s but the identity's key is %s; it changes only with `securelink pin --rotate`",
+			cc.KeyType, id.KeyType))
+	}
+	return id, nil
+}
+
+// checkCertificate checks the served certificate's names and validity.
+func checkCertificate(id *Identity, cc checkedConfig) error {
 	if !cc.SkipNameCheck {
 		for _, n := range cc.names {
 			if CoversHost(id.Leaf, n) {
@@ -292,7 +382,7 @@ func finish(id *Identity, cc checkedConfig) (*Identity, error) {
 			if cc.Mode == ModeFiles {
 				fix = "install a certificate whose subjectAltName includes it, or change advertise/extra_names"
 			}
-			return nil, fmt.Errorf("%w: %s is not in the subjectAltName of %s (which has %s); %s",
+			return fmt.Errorf("%w: %s is not in the subjectAltName of %s (which has %s); %s",
 				ErrSANMismatch, n, id.Source, strings.Join(id.SANs(), ", "), fix)
 		}
 	}
@@ -304,11 +394,7 @@ func finish(id *Identity, cc checkedConfig) (*Identity, error) {
 		id.Warnings = append(id.Warnings, fmt.Sprintf("certificate %s is not valid before %s; check the clock",
 			id.Source, id.Leaf.NotBefore.UTC().Format(time.RFC3339)))
 	}
-	if cc.Mode == ModeSelfSigned && id.KeyType != cc.KeyType {
-		id.Warnings = append(id.Warnings, fmt.Sprintf("tls.key_type is %s but the identity's key is %s; it changes only with `securelink pin --rotate`",
-			cc.KeyType, id.KeyType))
-	}
-	return id, nil
+	return nil
 }
 
 func loadFiles(certFile, keyFile string) (*Identity, error) {

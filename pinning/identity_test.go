@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/asn1"
 	"encoding/pem"
@@ -369,7 +370,6 @@ func TestRotateWithoutIdentityAndInFilesMode(t *testing.T) {
 func TestConfigErrors(t *testing.T) {
 	base := selfSignedConfig(t, "192.0.2.1")
 	cases := map[string]func(*IdentityConfig){
-		"acme":          func(c *IdentityConfig) { c.Mode = ModeACME },
 		"unknown mode":  func(c *IdentityConfig) { c.Mode = "magic" },
 		"key type":      func(c *IdentityConfig) { c.KeyType = "dsa" },
 		"no state dir":  func(c *IdentityConfig) { c.StateDir = "" },
@@ -385,10 +385,57 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	c := base
-	c.Mode = ModeACME
-	if _, err := Load(c); err == nil || !strings.Contains(err.Error(), "not supported yet") {
-		t.Errorf("acme: %v", err)
+}
+
+// staticSource serves one certificate, as an ACME manager would.
+type staticSource struct{ cert *tls.Certificate }
+
+func (s staticSource) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return s.cert, nil
+}
+
+// In acme mode the identity is the persistent key of the identity file: the
+// same pin as self_signed on the same state directory (switching keeps it),
+// whatever names the file's certificate has, and never the self-signed
+// certificate on the wire.
+func TestACMEIdentityIsTheKey(t *testing.T) {
+	c := selfSignedConfig(t, "old.example")
+	self, err := LoadOrCreate(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Mode, c.Authority.Host = ModeACME, "new.example"
+	id, err := LoadOrCreate(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.Pin != self.Pin || !id.Sourced() || id.Signer() == nil {
+		t.Fatalf("acme identity: pin %s (self-signed %s), sourced %v", id.Pin, self.Pin, id.Sourced())
+	}
+	if _, err := id.GetCertificate(&tls.ClientHelloInfo{}); !errors.Is(err, ErrNoCertificateYet) {
+		t.Fatalf("before a source: %v, want ErrNoCertificateYet (never the self-signed certificate)", err)
+	}
+	if cur := id.Current(); cur.Leaf != nil || cur.CertDER != nil || cur.Pin != self.Pin {
+		t.Fatal("Current has a certificate before the source has one")
+	}
+	// A fresh state directory: acme mode creates the key like self_signed.
+	fresh := selfSignedConfig(t, "a.example")
+	fresh.Mode = ModeACME
+	nid, err := LoadOrCreate(fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(IdentityPath(fresh.StateDir)); err != nil || nid.Pin == self.Pin {
+		t.Fatalf("no new key created: %v", err)
+	}
+	// With a source: handshakes and Current get its certificate.
+	leafCert := &tls.Certificate{Certificate: [][]byte{self.CertDER, []byte("intermediate")}, PrivateKey: self.Certificate.PrivateKey, Leaf: self.Leaf}
+	live := id.WithCertSource(staticSource{leafCert})
+	if got, err := live.GetCertificate(&tls.ClientHelloInfo{ServerName: "new.example"}); err != nil || got != leafCert {
+		t.Fatalf("sourced GetCertificate: %v", err)
+	}
+	if cur := live.Current(); !bytes.Equal(cur.CertDER, self.CertDER) || len(cur.Certificate.Certificate) != 2 || id.Current().Leaf != nil {
+		t.Fatal("Current does not hold the source's certificate, or WithCertSource changed the original")
 	}
 }
 

@@ -222,15 +222,17 @@ func (s *Server) RegisterMetrics(m *metrics.Front) {
 func (s *Server) Bridge() *relay.Bridge { return s.bridge }
 
 // getCertificate implements the SNI policy: no SNI (IP authorities) or a
-// configured name gets the identity; any other name gets no certificate,
-// which crypto/tls answers with the unrecognized_name alert.
+// configured name gets the identity's certificate (an ACME identity's
+// current one, or an error and an alert while it has none); any other name
+// gets no certificate, which crypto/tls answers with the unrecognized_name
+// alert.
 func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if hello.ServerName != "" && !s.state.Load().host.Allowed(hello.ServerName) {
 		s.sniRejected.Add(1)
 		s.metrics.HandshakeFailure(metrics.ReasonUnknownSNI)
 		return nil, nil
 	}
-	return &s.identity.Load().Certificate, nil
+	return s.identity.Load().GetCertificate(hello)
 }
 
 // configForClient keeps the SNI rule on resumed sessions: a hello naming

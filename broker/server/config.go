@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/loopback"
 	"github.com/hermes-securelink/securelink/internal/strictyaml"
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
 // Config is the broker's configuration. The operator sets the first group
@@ -23,8 +26,9 @@ type Config struct {
 	// Required unless InsecurePlaintext.
 	TLSCertFile string
 	TLSKeyFile  string
-	// ACME is parsed for forward compatibility; setting it is refused by
-	// Validate ("not supported yet").
+	// ACME, when set (ACMEConfig.On), obtains and renews the endpoint's
+	// certificate instead of TLSCertFile/TLSKeyFile: storage and the
+	// broker's own persistent key under <directory of StateFile>/acme.
 	ACME ACMEConfig
 	// InsecurePlaintext serves plain ws:// — only with a loopback Listen
 	// address (tests, a TLS-terminating proxy on the same machine).
@@ -128,6 +132,11 @@ type Config struct {
 	// often. Default 1 min.
 	SweepInterval time.Duration
 
+	// ACMERenewalWindowRatio and ACMERenewCheckInterval shorten certmagic's
+	// renewal schedule (acme.Options); for tests, zero in production.
+	ACMERenewalWindowRatio float64
+	ACMERenewCheckInterval time.Duration
+
 	// Now returns the wall clock used for credential expiry; nil means
 	// time.Now. Tests move it forward instead of sleeping.
 	Now func() time.Time
@@ -136,12 +145,15 @@ type Config struct {
 	src *strictyaml.Source
 }
 
-// ACMEConfig is the tls.acme block; ACME is not built yet.
+// ACMEConfig is the tls.acme block: the front's keys (acme.Settings) and the
+// names to certify, the first being what hosts and clients dial.
 type ACMEConfig struct {
-	Email   string
-	CA      string
-	Domains []string
+	acme.Settings `yaml:",inline"`
+	Domains       []string `yaml:"domains"`
 }
+
+// On reports whether any tls.acme key is set.
+func (a ACMEConfig) On() bool { return a.Settings.Set() || len(a.Domains) > 0 }
 
 // DefaultConfig returns the spec's defaults. HostsFile and StateFile have no
 // default and must be set.
@@ -202,11 +214,11 @@ func (c *Config) Validate() error {
 		if !loopback.Host(host) {
 			bad("insecure_plaintext", "plain ws:// is allowed only with a loopback listen address (e.g. 127.0.0.1:9444), not %q", c.Listen)
 		}
-	} else if c.TLSCertFile == "" || c.TLSKeyFile == "" {
-		bad("tls", "tls.cert_file and tls.key_file are required (or insecure_plaintext: true on a loopback listen address)")
+	} else if !c.ACME.On() && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+		bad("tls", "tls.cert_file and tls.key_file, or tls.acme, are required (or insecure_plaintext: true on a loopback listen address)")
 	}
-	if c.ACME.Email != "" || c.ACME.CA != "" || len(c.ACME.Domains) > 0 {
-		bad("tls.acme", "ACME is not supported yet; use tls.cert_file and tls.key_file")
+	if c.ACME.On() {
+		c.validateACME(bad, port)
 	}
 	if c.MetricsListen != "" {
 		if h, _, err := net.SplitHostPort(c.MetricsListen); err != nil || !loopback.Host(h) {
@@ -287,6 +299,36 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// validateACME checks tls.acme: DNS names, the shared tls.acme rules, and
+// not both ACME and certificate files.
+func (c *Config) validateACME(bad func(key, format string, args ...any), listenPort string) {
+	if c.InsecurePlaintext {
+		bad("tls.acme", "ACME needs TLS; it does not go with insecure_plaintext")
+	}
+	if c.TLSCertFile != "" || c.TLSKeyFile != "" {
+		bad("tls.acme", "set tls.acme or tls.cert_file/key_file, not both")
+	}
+	if len(c.ACME.Domains) == 0 {
+		bad("tls.acme.domains", "required: the broker's DNS names (the first is what hosts and clients dial)")
+	}
+	for i, d := range c.ACME.Domains {
+		n, err := pinning.NormalizeHost(d)
+		if err != nil {
+			bad("tls.acme.domains", "entry %d: %v", i+1, err)
+		} else if net.ParseIP(n) != nil {
+			bad("tls.acme.domains", "entry %d: %q is an IP address; ACME certifies DNS names only", i+1, d)
+		}
+	}
+	port, _ := strconv.Atoi(listenPort)
+	for _, e := range c.ACME.Check(port) {
+		bad("tls.acme."+e.Key, "%v", e.Err)
+	}
+}
+
+// ACMEDir is the broker's ACME storage (and its persistent key):
+// <directory of state_file>/acme.
+func (c *Config) ACMEDir() string { return filepath.Join(filepath.Dir(c.StateFile), "acme") }
+
 func (c *Config) errorf(key, format string, args ...any) error {
 	if c.src == nil {
 		return fmt.Errorf("broker config: %s: %s", key, fmt.Sprintf(format, args...))
@@ -323,15 +365,9 @@ type fileConfig struct {
 }
 
 type fileTLS struct {
-	CertFile *string  `yaml:"cert_file"`
-	KeyFile  *string  `yaml:"key_file"`
-	ACME     fileACME `yaml:"acme"`
-}
-
-type fileACME struct {
-	Email   string   `yaml:"email"`
-	CA      string   `yaml:"ca"`
-	Domains []string `yaml:"domains"`
+	CertFile *string    `yaml:"cert_file"`
+	KeyFile  *string    `yaml:"key_file"`
+	ACME     ACMEConfig `yaml:"acme"`
 }
 
 type fileMetrics struct {
@@ -385,7 +421,7 @@ func (fc *fileConfig) apply(c *Config) {
 	set(&c.Listen, fc.Listen)
 	set(&c.TLSCertFile, fc.TLS.CertFile)
 	set(&c.TLSKeyFile, fc.TLS.KeyFile)
-	c.ACME = ACMEConfig{Email: fc.TLS.ACME.Email, CA: fc.TLS.ACME.CA, Domains: fc.TLS.ACME.Domains}
+	c.ACME = fc.TLS.ACME
 	if fc.InsecurePlaintext != nil {
 		c.InsecurePlaintext = *fc.InsecurePlaintext
 	}

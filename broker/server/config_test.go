@@ -103,6 +103,14 @@ log: {level: debug, format: json}
 		!c.DisableCredit {
 		t.Fatalf("%+v", c)
 	}
+	// tls.acme with the front's keys plus domains; storage beside the state file.
+	c, err = LoadConfig(writeYAML(t, "hosts_file: h\nstate_file: /var/lib/b/state.json\ntls:\n  acme:\n    domains: [Broker.Example]\n    challenge: dns-01\n    dns_provider: rfc2136\n    dns_credentials_file: /etc/b/dns.env\n    email: ops@example.net\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.ACME.On() || c.ACME.Challenge != "dns-01" || c.ACME.DNSProvider != "rfc2136" || c.ACME.Email != "ops@example.net" || c.ACMEDir() != "/var/lib/b/acme" {
+		t.Fatalf("acme: %+v", c.ACME)
+	}
 	// Keys not written keep their defaults.
 	c, err = LoadConfig(writeYAML(t, "hosts_file: h\nstate_file: s\ntls: {cert_file: c, key_file: k}\n"))
 	if err != nil {
@@ -126,7 +134,12 @@ func TestLoadConfigErrorsNameFileAndLine(t *testing.T) {
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmax_streams_per_host: many\n", ":5:"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmax_streams_per_route: 0\n", ":5: max_streams_per_route: must be"},
 		{"hosts_file: h\nstate_file: s\nlisten: 0.0.0.0:1\ninsecure_plaintext: true\n", ":4: insecure_plaintext: plain ws:// is allowed only"},
-		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ntls:\n  acme:\n    email: a@b\n", ":6: tls.acme: ACME is not supported yet"},
+		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ntls:\n  acme:\n    email: a@b\n", ":6: tls.acme: ACME needs TLS"},
+		{"hosts_file: h\nstate_file: s\nlisten: :443\ntls:\n  acme:\n    challenge: http-01\n", ":5: tls.acme.domains: required"},
+		{"hosts_file: h\nstate_file: s\nlisten: :443\ntls:\n  acme:\n    domains: [b.example]\n", ":5: tls.acme.challenge: required in acme mode"},
+		{"hosts_file: h\nstate_file: s\nlisten: :443\ntls:\n  acme:\n    domains: [192.0.2.1]\n    challenge: http-01\n", ":6: tls.acme.domains: entry 1"},
+		{"hosts_file: h\nstate_file: s\nlisten: :443\ntls:\n  acme:\n    domains: [b.example]\n    challenge: tls-alpn-01\n", ":5: tls.acme.tls_alpn_port: 443 is the server's own port"},
+		{"hosts_file: h\nstate_file: s\nlisten: :443\ntls:\n  cert_file: c\n  key_file: k\n  acme:\n    domains: [b.example]\n    challenge: http-01\n", "not both"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\nmetrics:\n  listen: 10.0.0.1:9\n", ":6: metrics.listen: must be a loopback"},
 		{"hosts_file: h\nstate_file: s\ninsecure_plaintext: true\nlisten: 127.0.0.1:1\ncredit: sometimes\n", ":5:"},
 		{"- a\n- b\n", ":1: the configuration must be a mapping"},

@@ -85,15 +85,25 @@ func (b *Broker) ServeListener(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          log.New(b.log, "", 0),
 	}
 	if !b.cfg.InsecurePlaintext {
-		cert, err := tls.LoadX509KeyPair(b.cfg.TLSCertFile, b.cfg.TLSKeyFile)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("broker: tls: %w", err)
-		}
 		srv.TLSConfig = &tls.Config{
-			MinVersion:   tls.VersionTLS12,
-			Certificates: []tls.Certificate{cert},
-			NextProtos:   []string{"http/1.1"}, // WebSocket upgrades are HTTP/1.1
+			MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"}, // WebSocket upgrades are HTTP/1.1
+		}
+		if b.cfg.ACME.On() {
+			m, err := b.startACME(ctx)
+			if err != nil {
+				ln.Close()
+				return err
+			}
+			defer m.Close()
+			srv.TLSConfig.GetCertificate = m.GetCertificate
+		} else {
+			cert, err := tls.LoadX509KeyPair(b.cfg.TLSCertFile, b.cfg.TLSKeyFile)
+			if err != nil {
+				ln.Close()
+				return fmt.Errorf("broker: tls: %w", err)
+			}
+			srv.TLSConfig.Certificates = []tls.Certificate{cert}
 		}
 		ln = tls.NewListener(ln, srv.TLSConfig)
 	}

@@ -144,7 +144,13 @@ func runBroker(ctx context.Context, path string) error {
 		}
 	}()
 	// Bind and check the certificate here, so READY means "answering".
-	if !cfg.InsecurePlaintext {
+	switch {
+	case cfg.ACME.On():
+		for _, e := range cfg.ACME.CheckFiles() {
+			b.Close()
+			return fmt.Errorf("broker tls.acme.%s: %w", e.Key, e.Err)
+		}
+	case !cfg.InsecurePlaintext:
 		if _, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
 			b.Close()
 			return fmt.Errorf("broker tls: %w", err)

@@ -194,13 +194,25 @@ func TestRotateAndSIGHUP(t *testing.T) {
 	}
 }
 
-func TestServeRefusesUnsupportedAndBadConfig(t *testing.T) {
+// A bad configuration stops serve before it listens, naming file:line: an
+// acme mode without its challenge (the error names the three and what each
+// needs), a group-readable DNS credentials file, an unknown key.
+func TestServeRefusesBadConfig(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "c.yaml")
-	os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "s")+"\ntls:\n  mode: acme\n"), 0o600)
+	os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "s")+"\nadvertise: front.example.net\ntls:\n  mode: acme\n"), 0o600)
 	_, se, err := runCLI(t, "serve", "--config", p)
-	if err == nil || !strings.Contains(se, "not supported yet") || !strings.Contains(se, p+":3") {
-		t.Fatalf("want not-supported error naming file:line, got %v %s", err, se)
+	for _, want := range []string{p + ":3: tls.acme.challenge", "dns-01", "http-01", "tls-alpn-01", "tls.acme.dns_provider", "tls.acme.http_port"} {
+		if err == nil || !strings.Contains(se, want) {
+			t.Fatalf("want the acme challenge error naming file:line (%q), got %v %s", want, err, se)
+		}
+	}
+	creds := filepath.Join(dir, "dns.env")
+	os.WriteFile(creds, []byte("RFC2136_NAMESERVER=127.0.0.1:53\n"), 0o640)
+	os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "s")+"\nadvertise: front.example.net\ntls:\n  mode: acme\n  acme:\n    challenge: dns-01\n    dns_provider: rfc2136\n    dns_credentials_file: "+creds+"\n"), 0o600)
+	_, se, err = runCLI(t, "serve", "--config", p)
+	if err == nil || !strings.Contains(se, p+":8: tls.acme.dns_credentials_file") {
+		t.Fatalf("want the credentials file's mode refused naming file:line, got %v %s", err, se)
 	}
 	os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "s")+"\nlisten: \":9443\"\nupstream:\n  api: x\n"), 0o600)
 	_, se, err = runCLI(t, "serve", "--config", p)

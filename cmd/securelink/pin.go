@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/hermes-securelink/securelink/internal/acme"
+	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/internal/pairing"
 	"github.com/hermes-securelink/securelink/pinning"
@@ -58,6 +62,39 @@ type pinJSON struct {
 	Rotated    bool                         `json:"rotated,omitempty"`
 	OldPin     string                       `json:"old_pin_sha256,omitempty"`
 	Candidate  pairing.PluginProxyCandidate `json:"candidate"`
+	TLS        admin.TLSStatus              `json:"tls"`
+}
+
+// storedCert serves the certificate found in the ACME storage, so pin shows
+// it through the identity's one Current path.
+type storedCert struct{ c *tls.Certificate }
+
+func (s storedCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.c, nil }
+
+// acmeView is the ACME identity as the storage holds it: the current
+// certificate (when there is one) and the tls block.
+func acmeView(e *config.Env, a pinning.Authority, id *pinning.Identity) (*pinning.Identity, admin.TLSStatus, error) {
+	st, err := acme.Stored(e.ACMEOptions(a, id.Signer()))
+	if err != nil {
+		return nil, admin.TLSStatus{}, err
+	}
+	ts := admin.ACMETLSStatus(st, e.Cfg.TLS.ACME.Needs())
+	if st.State == acme.StateValid {
+		leaf, err := x509.ParseCertificate(st.CertDER)
+		if err != nil {
+			return nil, ts, err
+		}
+		id = id.WithCertSource(storedCert{&tls.Certificate{Certificate: st.Chain, PrivateKey: id.Signer(), Leaf: leaf}})
+	}
+	return id.Current(), ts, nil
+}
+
+// certTime formats one of a certificate's times; "" without a certificate.
+func certTime(leaf *x509.Certificate, t func(*x509.Certificate) time.Time) string {
+	if leaf == nil {
+		return ""
+	}
+	return t(leaf).UTC().Format(time.RFC3339)
 }
 
 func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
@@ -114,14 +151,28 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 	for _, w := range id.Warnings {
 		fmt.Fprintln(os.Stderr, "warning:", w)
 	}
+	ts := admin.TLSStatus{Mode: e.Cfg.TLS.Mode, State: string(acme.StateValid), Issuer: id.Leaf.Issuer.CommonName,
+		NotAfter: certTime(id.Leaf, func(c *x509.Certificate) time.Time { return c.NotAfter })}
+	if e.Cfg.TLS.Mode == pinning.ModeACME {
+		if id, ts, err = acmeView(e, ra.Authority, id); err != nil {
+			return err
+		}
+		if ts.Rotation != nil && !rotate {
+			fmt.Fprintf(os.Stderr, "warning: the stored ACME certificate is for pin %s, the identity key's pin is %s: %s\n", ts.Rotation.OldPin, ts.Rotation.NewPin, admin.RotationMessage)
+		}
+	}
+	certSHA := ""
+	if id.Leaf != nil {
+		certSHA = pinning.CertSHA256Hex(id.CertDER)
+	}
 	out := pinJSON{
 		Authority:  ra.Authority.String(),
 		URL:        ra.Authority.URL(),
 		PinSHA256:  id.Pin,
-		CertSHA256: pinning.CertSHA256Hex(id.CertDER),
+		CertSHA256: certSHA,
 		CertDER:    id.CertDERBase64(),
-		NotBefore:  id.Leaf.NotBefore.UTC().Format(time.RFC3339),
-		NotAfter:   id.Leaf.NotAfter.UTC().Format(time.RFC3339),
+		NotBefore:  certTime(id.Leaf, func(c *x509.Certificate) time.Time { return c.NotBefore }),
+		NotAfter:   certTime(id.Leaf, func(c *x509.Certificate) time.Time { return c.NotAfter }),
 		SANs:       id.SANs(),
 		KeyType:    id.KeyType,
 		ChangedAt:  id.ChangedAt.UTC().Format(time.RFC3339),
@@ -130,6 +181,7 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 		Rotated:    rotate,
 		OldPin:     oldPin,
 		Candidate:  pairing.NewPluginProxyCandidate(ra.Authority, id),
+		TLS:        ts,
 	}
 	if asJSON {
 		if err := printJSON(out); err != nil {
@@ -139,6 +191,13 @@ func pinLocal(flagConfig string, asJSON, rotate, yes bool) error {
 		fmt.Printf("authority    %s\nurl          %s\npin_sha256   %s\ncert_sha256  %s\nkey          %s\nsans         %s\nvalid        %s .. %s\nchanged      %s\nidentity     %s\n",
 			out.Authority, out.URL, out.PinSHA256, out.CertSHA256, out.KeyType, strings.Join(out.SANs, ", "),
 			out.NotBefore, out.NotAfter, out.ChangedAt, out.Source)
+		fmt.Printf("tls          %s, %s\n", out.TLS.Mode, out.TLS.State)
+		if out.TLS.Mode == pinning.ModeACME {
+			fmt.Printf("issuer       %s\nnot_after    %s\nnext_renewal %s\n", orNone(out.TLS.Issuer), orNone(out.TLS.NotAfter), orNone(out.TLS.NextRenewal))
+			if out.TLS.State == string(acme.StateWaiting) {
+				fmt.Printf("waiting      no certificate in %s yet; %s\n", config.ACMEDir(e.StateDir), out.TLS.Needs)
+			}
+		}
 		cand, _ := json.MarshalIndent(out.Candidate, "", "  ")
 		fmt.Printf("candidate    %s\n", cand)
 	}

@@ -47,6 +47,23 @@ func statusCommand() *cli.Command {
 				st.Version, st.StartedAt, st.Authority, st.PinSHA256, st.IdentityChangedAt, ago(st.IdentityChangedAt),
 				up(st.Upstreams["relay"].Available), up(st.Upstreams["api"].Available), up(st.Upstreams["dashboard"].Available),
 				st.Reach.Enabled, st.Reach.State, st.ActiveWebSockets)
+			fmt.Printf("tls          %s, %s", st.TLS.Mode, st.TLS.State)
+			if st.TLS.NotAfter != "" {
+				fmt.Printf(", issuer %s, expires %s", st.TLS.Issuer, st.TLS.NotAfter)
+			}
+			if st.TLS.NextRenewal != "" {
+				fmt.Printf(", renewal from %s", st.TLS.NextRenewal)
+			}
+			fmt.Println()
+			if st.TLS.LastError != "" {
+				fmt.Printf("tls error    %s: %s (next attempt %s)\n", st.TLS.Problem, st.TLS.LastError, orNone(st.TLS.NextAttempt))
+			}
+			if st.TLS.State == "waiting_first_certificate" {
+				fmt.Printf("tls needs    %s\n", st.TLS.Needs)
+			}
+			if r := st.TLS.Rotation; r != nil {
+				fmt.Printf("ROTATION     %s (old pin %s, new pin %s)\n", r.Message, r.OldPin, r.NewPin)
+			}
 			return nil
 		},
 	}

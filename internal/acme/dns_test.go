@@ -1,137 +1,29 @@
 package acme
 
 import (
-	"crypto/rand"
-	"encoding/base64"
-	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
+	"github.com/hermes-securelink/securelink/internal/acme/acmetest"
 )
 
-const testZone = "acme.test"
-
-// startNamed runs Debian's named as the authoritative server of testZone on
-// a loopback port, accepting RFC 2136 TXT updates signed with a TSIG key. It
-// returns the address and the key's secret.
-func startNamed(t *testing.T) (addr, secret string) {
-	t.Helper()
-	bin, err := exec.LookPath("named")
-	if err != nil {
-		for _, p := range []string{"/usr/sbin/named", "/usr/local/sbin/named"} {
-			if _, e := os.Stat(p); e == nil {
-				bin, err = p, nil
-			}
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("named (Debian bind9) is missing; scripts/ensure-test-deps.sh installs it")
-		}
-		t.Skip("named (Debian bind9) not installed; run scripts/ensure-test-deps.sh")
-	}
-	dir := t.TempDir()
-	if err := os.Chmod(dir, 0o777); err != nil { // named may drop to its own user
-		t.Fatal(err)
-	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		t.Fatal(err)
-	}
-	secret = base64.StdEncoding.EncodeToString(raw)
-	port := freeUDPTCPPort(t)
-	zone := fmt.Sprintf(`$TTL 5
-@ IN SOA ns.%[1]s. admin.%[1]s. 1 60 60 600 5
-@ IN NS ns.%[1]s.
-ns IN A 127.0.0.1
-front IN A 127.0.0.1
-`, testZone)
-	conf := fmt.Sprintf(`options {
-	directory "%[1]s";
-	pid-file "%[1]s/named.pid";
-	session-keyfile "%[1]s/session.key";
-	managed-keys-directory "%[1]s";
-	listen-on port %[2]d { 127.0.0.1; };
-	listen-on-v6 { none; };
-	recursion no;
-	dnssec-validation no;
-	notify no;
-};
-controls { };
-key "acme-test" { algorithm hmac-sha256; secret "%[3]s"; };
-zone "%[4]s" {
-	type primary;
-	file "%[1]s/zone.db";
-	update-policy { grant acme-test zonesub TXT; };
-};
-`, dir, port, secret, testZone)
-	for name, body := range map[string]string{"zone.db": zone, "named.conf": conf} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o666); err != nil {
-			t.Fatal(err)
-		}
-	}
-	logs := &syncBuffer{}
-	cmd := exec.Command(bin, "-g", "-c", filepath.Join(dir, "named.conf"))
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr = net.JoinHostPort("127.0.0.1", itoa(port))
-	// Ready when it answers the zone's SOA.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		m := new(dns.Msg)
-		m.SetQuestion(dns.Fqdn(testZone), dns.TypeSOA)
-		r, _, err := (&dns.Client{Timeout: time.Second}).Exchange(m, addr)
-		if err == nil && r.Rcode == dns.RcodeSuccess && len(r.Answer) > 0 {
-			return addr, secret
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("named did not come up: %v\n%s", err, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// freeUDPTCPPort is a loopback port free for both UDP and TCP.
-func freeUDPTCPPort(t *testing.T) int {
-	t.Helper()
-	for range 20 {
-		p := freePort(t)
-		pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", itoa(p)))
-		if err == nil {
-			pc.Close()
-			return p
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
-
 func TestObtainDNS01RFC2136(t *testing.T) {
-	nsAddr, secret := startNamed(t)
-	tc := startTestCA(t, caOptions{resolver: nsAddr})
+	ns := acmetest.StartNamed(t)
+	nsAddr, secret := ns.Addr, ns.Secret
+	tc := acmetest.StartCA(t, acmetest.Options{Resolver: nsAddr})
 	key := newKey(t)
 	logs := &syncBuffer{}
-	o := baseOptions(t, tc, key, logs, "front."+testZone)
+	o := baseOptions(t, tc, key, logs, "front."+acmetest.Zone)
 	o.Challenge = ChallengeDNS01
-	o.HTTPPort, o.TLSALPNPort = freePort(t), freePort(t) // nothing else can succeed
+	o.HTTPPort, o.TLSALPNPort = acmetest.FreePort(t), acmetest.FreePort(t) // nothing else can succeed
 	o.DNSProvider = "rfc2136"
 	o.DNSResolvers = []string{nsAddr}
 	o.DNSPropagationTimeout = 20 * time.Second
 	o.DNSCredentialsFile = filepath.Join(t.TempDir(), "dns.env")
-	creds := fmt.Sprintf("# RFC 2136 with TSIG\nRFC2136_NAMESERVER=%s\nRFC2136_TSIG_ALGORITHM=hmac-sha256.\n"+
-		"RFC2136_TSIG_KEY=acme-test\nRFC2136_TSIG_SECRET=%s\nRFC2136_ZONES=%s\n", nsAddr, secret, testZone)
+	creds := ns.Credentials()
 	if err := os.WriteFile(o.DNSCredentialsFile, []byte(creds), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +32,7 @@ func TestObtainDNS01RFC2136(t *testing.T) {
 		t.Fatal("the TSIG secret stayed in the process environment")
 	}
 	st := waitFor(t, m, "certificate", valid)
-	checkServed(t, serveFront(t, m), "front."+testZone, tc, m, st)
+	checkServed(t, serveFront(t, m), "front."+acmetest.Zone, tc, m, st)
 	if strings.Contains(logs.String(), secret) {
 		t.Fatal("the TSIG secret reached the log")
 	}

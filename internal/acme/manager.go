@@ -379,12 +379,18 @@ func (m *Manager) observeLog(msg string, fields map[string]any) {
 	}
 	errText, _ := fields["error"].(string)
 	next := time.Now().Add(d)
+	var waiting []string
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	for name, cs := range m.state {
 		if strings.HasPrefix(errText, "["+name+"]") && cs.State == StateWaiting {
 			cs.NextAttempt = next
+			waiting = append(waiting, name)
 		}
+	}
+	m.mu.Unlock()
+	if len(waiting) > 0 {
+		m.log.Warn().Strs("names", waiting).Time("next_attempt", next).
+			Msg("still no certificate: every handshake fails with an alert until the next attempt succeeds")
 	}
 }
 
@@ -397,7 +403,10 @@ func (m *Manager) emit(kind EventKind, name string) {
 
 // renewalStart is when certmagic's ratio puts the start of renewal.
 func (m *Manager) renewalStart(leaf *x509.Certificate) time.Time {
-	ratio := m.c.RenewalWindowRatio
+	return renewalStart(leaf, m.c.RenewalWindowRatio)
+}
+
+func renewalStart(leaf *x509.Certificate, ratio float64) time.Time {
 	if ratio == 0 {
 		ratio = certmagic.DefaultRenewalWindowRatio
 	}

@@ -21,26 +21,11 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/internal/acme/acmetest"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
-// syncBuffer collects log output from certmagic's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = acmetest.SyncBuffer
 
 func newKey(t *testing.T) *ecdsa.PrivateKey {
 	t.Helper()
@@ -61,7 +46,7 @@ func keyPin(t *testing.T, k *ecdsa.PrivateKey) string {
 }
 
 // baseOptions is an HTTP-01 manager against tc with a fresh storage dir.
-func baseOptions(t *testing.T, tc *testCA, key *ecdsa.PrivateKey, logs *syncBuffer, names ...string) Options {
+func baseOptions(t *testing.T, tc *acmetest.CA, key *ecdsa.PrivateKey, logs *syncBuffer, names ...string) Options {
 	t.Helper()
 	if len(names) == 0 {
 		names = []string{"front.acme.test"}
@@ -74,12 +59,12 @@ func baseOptions(t *testing.T, tc *testCA, key *ecdsa.PrivateKey, logs *syncBuff
 		Names:       names,
 		Key:         key,
 		StorageDir:  filepath.Join(t.TempDir(), "acme"),
-		CA:          tc.dirURL,
-		CARootFile:  tc.rootFile,
+		CA:          tc.DirURL,
+		CARootFile:  tc.RootFile,
 		Challenge:   ChallengeHTTP01,
 		ListenHost:  "127.0.0.1",
-		HTTPPort:    tc.httpPort,
-		TLSALPNPort: tc.tlsPort,
+		HTTPPort:    tc.HTTPPort,
+		TLSALPNPort: tc.TLSPort,
 		Logger:      lw,
 	}
 }
@@ -176,9 +161,9 @@ func dialPinned(addr, name string, roots *x509.CertPool, pin string) (*x509.Cert
 
 // checkServed asserts the served chain: verifies to Pebble's root, carries
 // the identity pin, has intermediates but no root, and is what Status says.
-func checkServed(t *testing.T, addr, name string, tc *testCA, m *Manager, st Status) *x509.Certificate {
+func checkServed(t *testing.T, addr, name string, tc *acmetest.CA, m *Manager, st Status) *x509.Certificate {
 	t.Helper()
-	leaf, chain, err := dialPinned(addr, name, tc.roots, m.Pin())
+	leaf, chain, err := dialPinned(addr, name, tc.Roots, m.Pin())
 	if err != nil {
 		t.Fatalf("pinned client: %v", err)
 	}
@@ -237,7 +222,7 @@ func checkStorageModes(t *testing.T, dir string) {
 func valid(st Status) bool { return st.State == StateValid }
 
 func TestObtainHTTP01(t *testing.T) {
-	tc := startTestCA(t, caOptions{})
+	tc := acmetest.StartCA(t, acmetest.Options{})
 	key := newKey(t)
 	logs := &syncBuffer{}
 	o := baseOptions(t, tc, key, logs, "front.acme.test", "alt.acme.test")
@@ -252,7 +237,7 @@ func TestObtainHTTP01(t *testing.T) {
 	if st := m.Status(); st.State != StateWaiting || st.Pin != keyPin(t, key) {
 		t.Fatalf("before start: state %s pin %s", st.State, st.Pin)
 	}
-	if _, _, err := dialPinned(addr, "front.acme.test", tc.roots, m.Pin()); err == nil {
+	if _, _, err := dialPinned(addr, "front.acme.test", tc.Roots, m.Pin()); err == nil {
 		t.Fatal("handshake succeeded before any certificate exists")
 	}
 
@@ -289,11 +274,11 @@ func TestObtainHTTP01(t *testing.T) {
 }
 
 func TestObtainTLSALPN01(t *testing.T) {
-	tc := startTestCA(t, caOptions{})
+	tc := acmetest.StartCA(t, acmetest.Options{})
 	key := newKey(t)
 	o := baseOptions(t, tc, key, nil)
 	o.Challenge = ChallengeTLSALPN01
-	o.HTTPPort = freePort(t) // nothing the CA dials: only TLS-ALPN-01 can succeed
+	o.HTTPPort = acmetest.FreePort(t) // nothing the CA dials: only TLS-ALPN-01 can succeed
 	m := startManager(t, o)
 	st := waitFor(t, m, "certificate", valid)
 	checkServed(t, serveFront(t, m), "front.acme.test", tc, m, st)
@@ -302,7 +287,7 @@ func TestObtainTLSALPN01(t *testing.T) {
 func TestRenewalKeepsPin(t *testing.T) {
 	// 60 s certificates renewed once 95% of the lifetime remains: certmagic's
 	// own maintenance renews about 3 s after each issuance.
-	tc := startTestCA(t, caOptions{validity: 60})
+	tc := acmetest.StartCA(t, acmetest.Options{Validity: 60})
 	key := newKey(t)
 	o := baseOptions(t, tc, key, nil)
 	o.RenewalWindowRatio = 0.95
@@ -345,7 +330,7 @@ func TestRenewalKeepsPin(t *testing.T) {
 }
 
 func TestKeyChangeIsReportedAsRotation(t *testing.T) {
-	tc := startTestCA(t, caOptions{})
+	tc := acmetest.StartCA(t, acmetest.Options{})
 	oldKey, newKeyB := newKey(t), newKey(t)
 	o := baseOptions(t, tc, oldKey, nil)
 	m1 := startManager(t, o)
@@ -384,9 +369,9 @@ func TestKeyChangeIsReportedAsRotation(t *testing.T) {
 }
 
 func TestUnreachableChallengePortIsReported(t *testing.T) {
-	tc := startTestCA(t, caOptions{})
+	tc := acmetest.StartCA(t, acmetest.Options{})
 	o := baseOptions(t, tc, newKey(t), nil)
-	o.HTTPPort = freePort(t) // the solver listens where the CA does not look
+	o.HTTPPort = acmetest.FreePort(t) // the solver listens where the CA does not look
 	m := startManager(t, o)
 	addr := serveFront(t, m)
 	st := waitFor(t, m, "a failed attempt", func(st Status) bool { return st.Failures > 0 && !st.NextAttempt.IsZero() })
@@ -396,7 +381,7 @@ func TestUnreachableChallengePortIsReported(t *testing.T) {
 	if wait := time.Until(st.NextAttempt); wait < 30*time.Second || wait > 2*time.Minute {
 		t.Fatalf("next attempt in %v, want certmagic's first retry (1 min)", wait)
 	}
-	if _, _, err := dialPinned(addr, "front.acme.test", tc.roots, m.Pin()); err == nil ||
+	if _, _, err := dialPinned(addr, "front.acme.test", tc.Roots, m.Pin()); err == nil ||
 		!strings.Contains(err.Error(), "remote error: tls: internal error") {
 		t.Fatalf("handshake without a certificate: %v, want the internal_error alert", err)
 	}

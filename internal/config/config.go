@@ -2,10 +2,7 @@
 //
 // Loading is strict: an unknown key or a value of the wrong type or range is
 // an error naming file:line, because a typo in a security setting that is
-// silently ignored is worse than a daemon that refuses to start. Keys of
-// features that are not built yet are parsed and validated like the rest;
-// Unsupported reports which of them are switched on so `serve` can refuse to
-// start instead of ignoring them.
+// silently ignored is worse than a daemon that refuses to start.
 package config
 
 import (
@@ -20,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/loopback"
 	"github.com/hermes-securelink/securelink/internal/strictyaml"
 	"github.com/hermes-securelink/securelink/pinning"
@@ -55,18 +53,11 @@ type Config struct {
 
 // TLS selects where the front's identity comes from.
 type TLS struct {
-	Mode     string `yaml:"mode"`     // self_signed | files | acme (not supported yet)
-	KeyType  string `yaml:"key_type"` // ecdsa-p256 | rsa-3072 (self_signed)
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
-	ACME     ACME   `yaml:"acme"`
-}
-
-// ACME is parsed for forward compatibility; the mode itself is not built yet.
-type ACME struct {
-	Email      string `yaml:"email"`
-	CA         string `yaml:"ca"`
-	CARootFile string `yaml:"ca_root_file"`
+	Mode     string        `yaml:"mode"`     // self_signed | files | acme
+	KeyType  string        `yaml:"key_type"` // ecdsa-p256 | rsa-3072 (self_signed, acme)
+	CertFile string        `yaml:"cert_file"`
+	KeyFile  string        `yaml:"key_file"`
+	ACME     acme.Settings `yaml:"acme"` // acme mode; http_port 80, tls_alpn_port 443
 }
 
 // Upstreams are the three fixed loopback services. No client input selects
@@ -116,7 +107,8 @@ type Log struct {
 func Default() *Config {
 	return &Config{
 		Listen: ":9443",
-		TLS:    TLS{Mode: "self_signed", KeyType: "ecdsa-p256"},
+		TLS: TLS{Mode: "self_signed", KeyType: "ecdsa-p256",
+			ACME: acme.Settings{HTTPPort: acme.DefaultHTTPPort, TLSALPNPort: acme.DefaultTLSALPNPort}},
 		Upstreams: Upstreams{
 			Relay:     "http://127.0.0.1:8767",
 			API:       "http://127.0.0.1:8642",
@@ -215,10 +207,8 @@ func (c *Config) Validate() error {
 	default:
 		add(c.Errorf("tls.key_type", "%q is not one of ecdsa-p256, rsa-3072", c.TLS.KeyType))
 	}
-	if c.TLS.ACME.CA != "" {
-		if u, err := url.Parse(c.TLS.ACME.CA); err != nil || u.Scheme != "https" || u.Host == "" {
-			add(c.Errorf("tls.acme.ca", "must be an https:// ACME directory URL"))
-		}
+	if c.TLS.Mode == "acme" {
+		add(c.validateACME())
 	}
 	for _, u := range []struct{ key, val string }{
 		{"upstreams.relay", c.Upstreams.Relay},
@@ -269,14 +259,45 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Unsupported reports the switched-on features that this build cannot run
-// yet, as errors naming file:line. `serve` refuses to start on any of them.
-func (c *Config) Unsupported() error {
+// validateACME checks tls.mode acme: DNS names only, and the tls.acme
+// block (acme.Settings.Check).
+func (c *Config) validateACME() error {
 	var errs []error
-	if c.TLS.Mode == "acme" {
-		errs = append(errs, c.Errorf("tls.mode", "acme is not supported yet; use self_signed or files"))
+	if c.Advertise == "" {
+		errs = append(errs, c.Errorf("tls.mode", "acme needs advertise: <the DNS name clients use> (an address is never detected for ACME)"))
+	} else if isIP(c.Advertise) {
+		errs = append(errs, c.Errorf("advertise", "%q is an IP address; tls.mode acme certifies DNS names only", c.Advertise))
+	}
+	for i, n := range c.ExtraNames {
+		if isIP(n) {
+			errs = append(errs, c.Errorf("extra_names", "entry %d: %q is an IP address; tls.mode acme certifies DNS names only", i+1, n))
+		}
+	}
+	port, _ := ListenPort(c.Listen)
+	for _, e := range c.TLS.ACME.Check(port) {
+		errs = append(errs, c.Errorf("tls.acme."+e.Key, "%v", e.Err))
 	}
 	return errors.Join(errs...)
+}
+
+// CheckFiles reads the files the configuration names beyond what Validate
+// checks: in acme mode the DNS credentials (0600) and the CA root. Errors
+// name file:line. serve runs it at start and on reload, doctor with its
+// checks.
+func (c *Config) CheckFiles() error {
+	if c.TLS.Mode != "acme" {
+		return nil
+	}
+	var errs []error
+	for _, e := range c.TLS.ACME.CheckFiles() {
+		errs = append(errs, c.Errorf("tls.acme."+e.Key, "%v", e.Err))
+	}
+	return errors.Join(errs...)
+}
+
+func isIP(host string) bool {
+	n, err := NormalizeHost(host)
+	return err == nil && net.ParseIP(n) != nil
 }
 
 // ListenPort validates a host:port listen address and returns its port.

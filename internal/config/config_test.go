@@ -15,8 +15,8 @@ func TestDefaultsValidate(t *testing.T) {
 	if c.Listen != ":9443" || c.TLS.Mode != "self_signed" || c.Reach.MaxStreams != 16 || !c.Reach.Credit {
 		t.Fatalf("unexpected defaults: %+v", c)
 	}
-	if err := c.Unsupported(); err != nil {
-		t.Fatalf("defaults must not switch on unsupported features: %v", err)
+	if c.TLS.ACME.HTTPPort != 80 || c.TLS.ACME.TLSALPNPort != 443 {
+		t.Fatalf("acme port defaults: %+v", c.TLS.ACME)
 	}
 }
 
@@ -84,19 +84,53 @@ func TestLoopbackForms(t *testing.T) {
 	}
 }
 
-func TestUnsupportedFeatures(t *testing.T) {
-	c, err := Parse("c.yaml", []byte("http3: true\ntls:\n  mode: acme\n"))
+// tls.mode acme is validated like every other key: DNS names only, the
+// challenge required (the error names all three and what each needs), the
+// DNS-01 keys, the ports, and the files it names.
+func TestACMEConfig(t *testing.T) {
+	const ok = "advertise: front.example.net\nextra_names: [alt.example.net]\ntls:\n  mode: acme\n  acme:\n    challenge: http-01\n    http_port: 8080\n"
+	c, err := Parse("c.yaml", []byte(ok))
 	if err != nil {
-		t.Fatalf("parse: %v", err)
+		t.Fatalf("good acme config: %v", err)
 	}
-	err = c.Unsupported()
-	if err != nil && strings.Contains(err.Error(), "http3") {
-		t.Errorf("http3 is built; want only tls.mode refused, got %v", err)
+	if c.TLS.ACME.HTTPPort != 8080 || c.TLS.ACME.TLSALPNPort != 443 || c.CheckFiles() != nil {
+		t.Fatalf("parsed %+v", c.TLS.ACME)
 	}
-	for _, want := range []string{"c.yaml:3: tls.mode", "not supported yet"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("want %q in %v", want, err)
+	cases := map[string][]string{
+		"advertise: front.example.net\ntls:\n  mode: acme\n":                                                                                 {"c.yaml:2: tls.acme.challenge", "dns-01", "http-01", "tls-alpn-01", "dns_provider", "port 80", "port 443"},
+		"tls:\n  mode: acme\n  acme:\n    challenge: http-01\n":                                                                              {"c.yaml:2: tls.mode", "advertise"},
+		"advertise: 192.0.2.1\ntls:\n  mode: acme\n  acme:\n    challenge: http-01\n":                                                        {"c.yaml:1: advertise", "IP address"},
+		"advertise: a.example\nextra_names: [192.0.2.1]\ntls:\n  mode: acme\n  acme:\n    challenge: http-01\n":                              {"c.yaml:2: extra_names"},
+		"advertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: dns01\n":                                                          {"c.yaml:5: tls.acme.challenge", "dns-01 ("},
+		"advertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: dns-01\n":                                                         {"tls.acme.dns_provider", "required for dns-01", "tls.acme.dns_credentials_file"},
+		"advertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: dns-01\n    dns_provider: nosuch\n    dns_credentials_file: /x\n": {"c.yaml:6: tls.acme.dns_provider", "rfc2136"},
+		"advertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: http-01\n    http_port: 70000\n":                                  {"c.yaml:6: tls.acme.http_port"},
+		"advertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: http-01\n    dns_provider: rfc2136\n":                             {"c.yaml:6: tls.acme.dns_provider", "only apply to dns-01"},
+		"listen: \":8443\"\nadvertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: tls-alpn-01\n    tls_alpn_port: 8443\n":        {"c.yaml:7: tls.acme.tls_alpn_port", "own port"},
+		"advertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: http-01\n    ca: http://ca.example/dir\n":                         {"c.yaml:6: tls.acme.ca", "https"},
+	}
+	for in, wants := range cases {
+		_, err := Parse("c.yaml", []byte(in))
+		for _, want := range wants {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%q: want error containing %q, got %v", in, want, err)
+			}
 		}
+	}
+	// The credentials file must be private; its error names the key's line.
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "dns.env")
+	os.WriteFile(creds, []byte("RFC2136_NAMESERVER=127.0.0.1:53\n"), 0o644)
+	c, err = Parse("c.yaml", []byte("advertise: a.example\ntls:\n  mode: acme\n  acme:\n    challenge: dns-01\n    dns_provider: rfc2136\n    dns_credentials_file: "+creds+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckFiles(); err == nil || !strings.Contains(err.Error(), "c.yaml:7: tls.acme.dns_credentials_file") {
+		t.Fatalf("a 0644 credentials file: %v", err)
+	}
+	os.Chmod(creds, 0o600)
+	if err := c.CheckFiles(); err != nil {
+		t.Fatalf("a 0600 credentials file: %v", err)
 	}
 }
 
@@ -145,13 +179,13 @@ func TestLoadFileAndExample(t *testing.T) {
 	if err != nil || c.Reach.Credit || c.Reach.MaxStreams != 16 {
 		t.Fatalf("reach.credit: false: %v %+v", err, c.Reach)
 	}
-	// The shipped example must load as it is and switch nothing unsupported on.
+	// The shipped example must load as it is, with the defaults.
 	ex, err := Load("../../config.example.yaml")
 	if err != nil {
 		t.Fatalf("config.example.yaml: %v", err)
 	}
-	if err := ex.Unsupported(); err != nil {
-		t.Fatalf("config.example.yaml switches on an unsupported feature: %v", err)
+	if ex.TLS.Mode != "self_signed" || ex.TLS.ACME != Default().TLS.ACME {
+		t.Fatalf("config.example.yaml changes tls defaults: %+v", ex.TLS)
 	}
 }
 

@@ -1,9 +1,12 @@
 package config
 
 import (
+	"crypto"
 	"fmt"
 	"io"
+	"path/filepath"
 
+	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
 	"github.com/hermes-securelink/securelink/pinning"
 )
@@ -75,4 +78,19 @@ func (e *Env) IdentityConfig(a pinning.Authority) pinning.IdentityConfig {
 		Authority:  a,
 		ExtraNames: e.Cfg.ExtraNames,
 	}
+}
+
+// ACMEDir is the ACME storage under the state directory.
+func ACMEDir(stateDir string) string { return filepath.Join(stateDir, "acme") }
+
+// ACMEOptions is the certificate manager configuration of tls.mode acme:
+// the tls.acme block, the authority and extra names, the identity key and
+// the storage under the state directory. The daemon runs a manager with it;
+// pin and doctor read the storage with it (acme.Stored).
+func (e *Env) ACMEOptions(a pinning.Authority, key crypto.Signer) acme.Options {
+	o := e.Cfg.TLS.ACME.Options()
+	o.Names = append([]string{a.Host}, e.Cfg.ExtraNames...)
+	o.Key = key
+	o.StorageDir = ACMEDir(e.StateDir)
+	return o
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -17,7 +18,10 @@ func (d *daemon) registerAdmin() {
 		d.mu.Lock()
 		a := d.authority
 		d.mu.Unlock()
-		id := d.front.Identity()
+		id := d.front.Identity().Current()
+		if id.Leaf == nil {
+			return nil, http.StatusServiceUnavailable, errors.New("no certificate yet (tls.mode acme is waiting for the first one; see `securelink status`): nothing to pair with")
+		}
 		return admin.Identity{
 			Authority: a.String(),
 			URL:       a.URL(),
@@ -32,7 +36,7 @@ func (d *daemon) status(ctx context.Context) admin.Status {
 	d.mu.Lock()
 	e, a := d.env, d.authority
 	d.mu.Unlock()
-	id := d.front.Identity()
+	id := d.front.Identity().Current()
 	avail := d.front.Availability(ctx)
 	return admin.Status{
 		Version:           d.opts.Version,
@@ -50,5 +54,6 @@ func (d *daemon) status(ctx context.Context) admin.Status {
 		Reach:            d.reachStatus(),
 		ActiveWebSockets: d.front.Bridge().Active() + d.front.ActiveUpgrades(),
 		SNIRejected:      d.front.SNIRejected(),
+		TLS:              d.tlsStatus(e.Cfg.TLS.Mode, id),
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/hermes-securelink/securelink/broker/connector"
+	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
 	"github.com/hermes-securelink/securelink/internal/config"
@@ -47,6 +48,14 @@ type Options struct {
 	Reload <-chan os.Signal
 	// Ready is called once, when the front listens.
 	Ready func(Ready)
+
+	// ACMERenewalWindowRatio and ACMERenewCheckInterval shorten certmagic's
+	// renewal schedule (acme.Options); for tests, zero in production.
+	ACMERenewalWindowRatio float64
+	ACMERenewCheckInterval time.Duration
+	// ACMEDNSResolvers are asked for dns-01 records instead of the zone's
+	// authoritative servers (acme.Options.DNSResolvers); for tests.
+	ACMEDNSResolvers []string
 }
 
 // Ready is what the daemon serves once it listens.
@@ -55,11 +64,14 @@ type Ready struct {
 	Authority   pinning.Authority
 	Pin         string
 	AdminSocket string
+	// SelfCheck is the watchdog's check (nil error = alive).
+	SelfCheck func(context.Context) error
 }
 
 // daemon is the running front with what it needs to reload itself.
 type daemon struct {
 	opts       Options
+	ctx        context.Context // Run's: managers started on reload stop with it
 	log        zerolog.Logger
 	front      *proxy.Server
 	admin      *admin.Server
@@ -75,6 +87,22 @@ type daemon struct {
 	mu        sync.Mutex
 	env       *config.Env
 	authority pinning.Authority
+	acme      *acme.Manager // tls.mode acme: the running manager
+	acmeSig   string        // what it was built from (buildACME)
+	acmeNeeds string        // what its challenge needs (status, logs)
+	// renewFailPrior counts the failed renewals of managers a reload
+	// replaced, so the metric stays a counter.
+	renewFailPrior uint64
+}
+
+// built is what a configuration turns into: front options, the identity to
+// serve and, in acme mode, a new manager to start (nil when the running one
+// is kept).
+type built struct {
+	opts proxy.Options
+	id   *pinning.Identity
+	auth pinning.Authority
+	acme *acmeBuilt
 }
 
 func (d *daemon) loadEnv(createState bool) (*config.Env, error) {
@@ -101,12 +129,9 @@ func Run(ctx context.Context, o Options) error {
 			return zerolog.New(o.Stderr).Level(lvl).With().Timestamp().Logger()
 		}
 	}
-	d := &daemon{opts: o, started: time.Now().UTC()}
+	d := &daemon{opts: o, started: time.Now().UTC(), ctx: ctx}
 	e, err := d.loadEnv(true)
 	if err != nil {
-		return err
-	}
-	if err := e.Cfg.Unsupported(); err != nil {
 		return err
 	}
 	log := o.NewLogger(e.Cfg)
@@ -133,10 +158,15 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	opts, id, auth, err := d.build(e)
+	b, err := d.build(e)
 	if err != nil {
 		return err
 	}
+	if err := d.commitACME(ctx, b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs()); err != nil {
+		return err
+	}
+	defer d.closeACME()
+	opts, id, auth := b.opts, b.id, b.auth
 	d.env, d.authority = e, auth
 	front, err := proxy.New(opts, id)
 	if err != nil {
@@ -145,6 +175,7 @@ func Run(ctx context.Context, o Options) error {
 	d.front = front
 	if d.metrics != nil {
 		front.RegisterMetrics(d.metrics)
+		d.registerTLSMetrics(d.metrics)
 		if d.reach != nil {
 			registerReachMetrics(d.metrics, d.reach)
 		}
@@ -203,12 +234,13 @@ func Run(ctx context.Context, o Options) error {
 	notify.Status("serving %s, pin %s", auth, id.Pin)
 	wdCtx, wdStop := context.WithCancel(ctx)
 	defer wdStop()
-	go notify.Watchdog(wdCtx, d.selfCheck(ln.Addr().(*net.TCPAddr)))
+	selfCheck := d.selfCheck(ln.Addr().(*net.TCPAddr))
+	go notify.Watchdog(wdCtx, selfCheck)
 	log.Info().Str("event", "listening").Str("listen", ln.Addr().String()).
 		Str("authority", auth.String()).Str("pin_sha256", id.Pin).
 		Str("admin_socket", adm.Path()).Bool("http3", d.http3).Msg("Secure Link front is up")
 	if o.Ready != nil {
-		o.Ready(Ready{Addr: ln.Addr(), Authority: auth, Pin: id.Pin, AdminSocket: adm.Path()})
+		o.Ready(Ready{Addr: ln.Addr(), Authority: auth, Pin: id.Pin, AdminSocket: adm.Path(), SelfCheck: selfCheck})
 	}
 
 	for {
@@ -251,6 +283,11 @@ func (d *daemon) selfCheck(addr *net.TCPAddr) func(context.Context) error {
 		d.mu.Unlock()
 		c, err := pinning.DialPinned(ctx, target.String(), host, d.front.Identity().Pin)
 		if err != nil {
+			// Waiting for the first ACME certificate is alive: the front
+			// answered, with the alert every handshake gets until then.
+			if d.waitingForFirstCertificate() && answeredWithAlert(err) {
+				return nil
+			}
 			return err
 		}
 		return c.Close()
@@ -258,25 +295,33 @@ func (d *daemon) selfCheck(addr *net.TCPAddr) func(context.Context) error {
 }
 
 // build turns a configuration into front options and the identity to serve.
-// It creates the identity only on first start; afterwards it only loads.
-func (d *daemon) build(e *config.Env) (proxy.Options, *pinning.Identity, pinning.Authority, error) {
+// It creates the identity (in acme mode: the key) only on first start;
+// afterwards it only loads.
+func (d *daemon) build(e *config.Env) (built, error) {
 	ra, err := e.Authority(d.boundPort)
 	if err != nil {
-		return proxy.Options{}, nil, pinning.Authority{}, err
+		return built{}, err
 	}
 	for _, w := range ra.Warnings {
 		d.log.Warn().Str("event", "authority").Msg(w)
 	}
 	id, err := pinning.LoadOrCreate(e.IdentityConfig(ra.Authority))
 	if err != nil {
-		return proxy.Options{}, nil, pinning.Authority{}, err
+		return built{}, err
 	}
 	for _, w := range id.Warnings {
 		d.log.Warn().Str("event", "identity").Msg(w)
 	}
+	b := built{id: id, auth: ra.Authority}
+	if e.Cfg.TLS.Mode == pinning.ModeACME {
+		if b.id, b.acme, err = d.buildACME(e, ra.Authority, id); err != nil {
+			return built{}, err
+		}
+	}
 	opts, err := frontOptions(e.Cfg, ra.Authority, d.log)
 	if err != nil {
-		return proxy.Options{}, nil, pinning.Authority{}, err
+		b.acme.abandon()
+		return built{}, err
 	}
 	opts.Metrics = d.metrics
 	if d.reach != nil {
@@ -285,7 +330,18 @@ func (d *daemon) build(e *config.Env) (proxy.Options, *pinning.Identity, pinning
 		// unauthenticated sessions as the connector serves streams.
 		opts.Relay.MaxUnauthenticatedReach = d.reachCfg.MaxStreams
 	}
-	return opts, id, ra.Authority, nil
+	b.opts = opts
+	return b, nil
+}
+
+// closeACME stops the running manager (graceful stop).
+func (d *daemon) closeACME() {
+	d.mu.Lock()
+	m := d.acme
+	d.mu.Unlock()
+	if m != nil {
+		m.Close()
+	}
 }
 
 func frontOptions(cfg *config.Config, a pinning.Authority, log zerolog.Logger) (proxy.Options, error) {
@@ -327,9 +383,6 @@ func frontOptions(cfg *config.Config, a pinning.Authority, log zerolog.Logger) (
 func (d *daemon) reload() {
 	d.log.Info().Str("event", "reload").Msg("reloading configuration and identity")
 	e, err := d.loadEnv(false)
-	if err == nil {
-		err = e.Cfg.Unsupported()
-	}
 	if err != nil {
 		d.log.Error().Str("event", "reload_failed").Err(err).Msg("configuration not reloaded; the previous one stays in force")
 		return
@@ -352,14 +405,18 @@ func (d *daemon) reload() {
 		d.log.Error().Str("event", "reload_failed").Msg("the state directory changed; restart the daemon to use it")
 		return
 	}
-	opts, id, auth, err := d.build(e)
+	b, err := d.build(e)
 	if err == nil {
-		err = d.front.Reload(opts, id)
+		err = d.commitACME(d.ctx, b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs())
+	}
+	if err == nil {
+		err = d.front.Reload(b.opts, b.id)
 	}
 	if err != nil {
 		d.log.Error().Str("event", "reload_failed").Err(err).Msg("configuration not reloaded; the previous one stays in force")
 		return
 	}
+	id, auth := b.id, b.auth
 	d.mu.Lock()
 	d.env, d.authority = e, auth
 	d.mu.Unlock()

@@ -73,18 +73,20 @@ log:
 
 func start(t *testing.T, cfgPath string) *running {
 	t.Helper()
+	return startOpts(t, cfgPath, Options{})
+}
+
+// startOpts starts a daemon with o's test knobs.
+func startOpts(t *testing.T, cfgPath string, o Options) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cfgPath: cfgPath, reload: make(chan os.Signal, 1), logs: &syncBuffer{}, done: make(chan error, 1), stop: cancel}
 	readyc := make(chan Ready, 1)
 	go func() {
-		r.done <- Run(ctx, Options{
-			ConfigFlag: cfgPath,
-			Version:    "test-version",
-			NewLogger:  func(*config.Config) zerolog.Logger { return zerolog.New(r.logs) },
-			Stderr:     io.Discard,
-			Reload:     r.reload,
-			Ready:      func(rd Ready) { readyc <- rd },
-		})
+		o.ConfigFlag, o.Version, o.Stderr, o.Reload = cfgPath, "test-version", io.Discard, r.reload
+		o.NewLogger = func(*config.Config) zerolog.Logger { return zerolog.New(r.logs) }
+		o.Ready = func(rd Ready) { readyc <- rd }
+		r.done <- Run(ctx, o)
 	}()
 	select {
 	case r.ready = <-readyc:

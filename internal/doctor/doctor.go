@@ -9,6 +9,7 @@ package doctor
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -108,19 +109,22 @@ func Run(ctx context.Context, cfg *config.Config, cfgErr error, stateDir string,
 	if src == "" {
 		src = "built-in defaults"
 	}
-	if err := cfg.Unsupported(); err != nil {
-		add(Result{"config", Fail, err.Error(), "switch the named feature off; this build does not have it yet"})
+	if err := cfg.CheckFiles(); err != nil {
+		add(Result{"config", Fail, err.Error(), "fix the file named at file:line"})
 	} else {
 		add(Result{"config", OK, src, ""})
 	}
 
-	idOK := checkStateAndIdentity(cfg, stateDir, o, add)
+	idOK, auth := checkStateAndIdentity(cfg, stateDir, o, add)
 	var localPin string
 	if idOK != nil {
 		localPin = idOK.Pin
 	}
 	checkUpstreams(ctx, cfg, o, add)
 	st := checkDaemon(ctx, cfg, stateDir, localPin, o, add)
+	if cfg.TLS.Mode == pinning.ModeACME {
+		checkACME(cfg, stateDir, auth, idOK, st, o, add)
+	}
 	if cfg.HTTP3 {
 		checkHTTP3(ctx, cfg, st, o, add)
 	}
@@ -194,15 +198,15 @@ func checkBroker(ctx context.Context, cfg *config.Config, o Options, add func(Re
 	}
 }
 
-func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add func(Result)) *pinning.Identity {
+func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add func(Result)) (*pinning.Identity, pinning.Authority) {
 	fi, err := os.Stat(stateDir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		add(Result{"state_dir", Fail, stateDir + " does not exist", "start the daemon once (systemctl start securelink) or run `securelink pin` to create the identity"})
-		return nil
+		return nil, pinning.Authority{}
 	case err != nil:
 		add(Result{"state_dir", Fail, err.Error(), "run doctor as the service user or root"})
-		return nil
+		return nil, pinning.Authority{}
 	case fi.Mode().Perm()&0o077 != 0:
 		add(Result{"state_dir", Fail, fmt.Sprintf("%s has mode %04o", stateDir, fi.Mode().Perm()), "chmod 700 " + stateDir})
 	default:
@@ -215,18 +219,18 @@ func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add f
 	}
 	if port == 0 {
 		add(Result{"authority", Fail, "listen has no fixed port", "set advertise_port"})
-		return nil
+		return nil, pinning.Authority{}
 	}
 	if cfg.Advertise == "" {
 		if _, err := os.Stat(pinning.AuthorityPath(stateDir)); err != nil {
 			add(Result{"authority", Fail, "no authority detected yet", "start the daemon once, or set advertise in the configuration"})
-			return nil
+			return nil, pinning.Authority{}
 		}
 	}
 	ra, err := pinning.ResolveAuthority(pinning.ResolveOptions{StateDir: stateDir, Advertise: cfg.Advertise, Port: port})
 	if err != nil {
 		add(Result{"authority", Fail, err.Error(), "set advertise in the configuration"})
-		return nil
+		return nil, pinning.Authority{}
 	}
 	if ra.Stale {
 		add(Result{"authority", Fail, fmt.Sprintf("remembered address %s is no longer on this host", ra.Authority.Host),
@@ -249,7 +253,16 @@ func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add f
 			fix = "start the daemon once or run `securelink pin` to create it"
 		}
 		add(Result{"identity", Fail, err.Error(), fix})
-		return nil
+		return nil, pinning.Authority{}
+	}
+	if cfg.TLS.Mode == pinning.ModeACME {
+		// The key is the identity; checkACME judges its certificate.
+		add(Result{"identity", OK, fmt.Sprintf("%s (the key in %s; certificates from ACME)", id.Pin, id.Source), ""})
+		for _, w := range id.Warnings {
+			add(Result{"identity", Warn, w, "see the message"})
+		}
+		checkClients(cfg, ra.Authority.Host, nil, add)
+		return id, ra.Authority
 	}
 	now := o.Now()
 	switch {
@@ -263,15 +276,15 @@ func checkStateAndIdentity(cfg *config.Config, stateDir string, o Options, add f
 	for _, w := range id.Warnings {
 		add(Result{"identity", Warn, w, "see the message"})
 	}
-	checkClients(cfg, ra.Authority.Host, id, add)
-	return id
+	checkClients(cfg, ra.Authority.Host, id.Leaf, add)
+	return id, ra.Authority
 }
 
 // checkClients says what each shipped client cannot do with this front
 // (pairing.md "What the shipped clients accept"): warnings, because the
 // front itself is fine and other clients may be served.
-func checkClients(cfg *config.Config, authorityHost string, id *pinning.Identity, add func(Result)) {
-	f := pairing.IdentityFacts(authorityHost, id.Leaf)
+func checkClients(cfg *config.Config, authorityHost string, leaf *x509.Certificate, add func(Result)) {
+	f := pairing.IdentityFacts(authorityHost, leaf)
 	if cfg.Reach.Enabled {
 		f.Reach = true
 		if u, err := wire.ParseBrokerURL(cfg.Reach.BrokerURL); err == nil {

@@ -64,7 +64,7 @@ func ClientNotes(f ClientFacts) []ClientNote {
 	if f.SelfSigned {
 		out = append(out, ClientNote{ClientAndroid,
 			"the identity is self-signed: the Android app as published refuses every self-signed pinned certificate (it checks the pin only after building a chain to a root the phone trusts)",
-			"Android needs `tls.mode: acme` (a certificate that chains to a public root, pin kept across renewals; not in this build yet)"})
+			"set `tls.mode: acme` (a certificate from a CA the phone trusts, for the same key: the pin survives every renewal; see README, ACME)"})
 	}
 	if f.Reach {
 		out = append(out, ClientNote{ClientAndroid,

@@ -31,6 +31,7 @@ import (
 	"github.com/hermes-securelink/securelink/internal/metrics"
 	"github.com/hermes-securelink/securelink/internal/policy"
 	"github.com/hermes-securelink/securelink/internal/probe"
+	"github.com/hermes-securelink/securelink/internal/tlsconf"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/relay"
 )
@@ -98,8 +99,8 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 		return nil, err
 	}
 	s.tls = &tls.Config{
-		MinVersion:     tls.VersionTLS12,
-		CipherSuites:   tls12Suites,
+		MinVersion:     tlsconf.MinVersion,
+		CipherSuites:   tlsconf.TLS12Suites,
 		NextProtos:     []string{"h2", "http/1.1"},
 		GetCertificate: s.getCertificate,
 	}
@@ -129,18 +130,6 @@ func New(opts Options, id *pinning.Identity) (*Server, error) {
 		},
 	}
 	return s, nil
-}
-
-// tls12Suites are the TLS 1.2 suites the front offers: ECDHE with an AEAD
-// cipher only, for either identity key type (Go's default list adds
-// CBC-SHA1 suites). TLS 1.3 suites are not configurable and are Go's.
-var tls12Suites = []uint16{
-	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 }
 
 // Reload applies new options and identity to new requests and handshakes.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/tlsconf"
 )
 
 // Handler serves GET /v1/connect (the WebSocket endpoint) and GET /health.
@@ -86,8 +87,9 @@ func (b *Broker) ServeListener(ctx context.Context, ln net.Listener) error {
 	}
 	if !b.cfg.InsecurePlaintext {
 		srv.TLSConfig = &tls.Config{
-			MinVersion: tls.VersionTLS12,
-			NextProtos: []string{"http/1.1"}, // WebSocket upgrades are HTTP/1.1
+			MinVersion:   tlsconf.MinVersion,
+			CipherSuites: tlsconf.TLS12Suites,
+			NextProtos:   []string{"http/1.1"}, // WebSocket upgrades are HTTP/1.1
 		}
 		if b.cfg.ACME.On() {
 			m, err := b.startACME(ctx)

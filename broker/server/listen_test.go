@@ -93,3 +93,38 @@ func TestServeListenerTLSAndShutdown(t *testing.T) {
 		t.Fatal("still serving after shutdown")
 	}
 }
+
+// The broker's TLS 1.2 offers only ECDHE AEAD suites, as the front's does
+// (internal/tlsconf): a client offering only CBC-SHA1 is refused.
+func TestServeListenerOffersOnlyAEADSuitesOnTLS12(t *testing.T) {
+	var pool *x509.CertPool
+	e := newEnv(t, func(c *Config) {
+		c.InsecurePlaintext = false
+		c.TLSCertFile, c.TLSKeyFile, pool = writeTestCert(t, t.TempDir())
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- e.b.ServeListener(ctx, ln) }()
+	defer func() { cancel(); <-served }()
+	dial := func(suite uint16) error {
+		c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{
+			RootCAs: pool, MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{suite},
+		})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := dial(tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA); err == nil {
+		t.Error("TLS 1.2 with ECDHE-ECDSA-AES128-CBC-SHA was accepted")
+	}
+	for _, s := range []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256} {
+		if err := dial(s); err != nil {
+			t.Errorf("TLS 1.2 with %s: %v", tls.CipherSuiteName(s), err)
+		}
+	}
+}

@@ -1,11 +1,9 @@
 package relay
 
 import (
-	"bytes"
 	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/coder/websocket"
@@ -15,22 +13,7 @@ import (
 )
 
 // syncBuffer collects log lines written from the bridge's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testfake.LogBuffer
 
 // Logs never contain pairing codes, session tokens, the proxy secret or the
 // client's query string (which may carry credentials), on any path through

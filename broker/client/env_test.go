@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/internal/testfake"
+
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
@@ -448,24 +450,10 @@ func get(t *testing.T, c net.Conn, path string, header http.Header) (int, string
 }
 
 // syncBuffer is a log sink tests can search.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+type syncBuffer = testfake.LogBuffer
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) waitFor(t *testing.T, sub string) {
+// waitFor waits until the log holds sub.
+func waitFor(t *testing.T, s *syncBuffer, sub string) {
 	t.Helper()
 	deadline := time.Now().Add(step)
 	for !strings.Contains(s.String(), sub) {

@@ -127,8 +127,8 @@ func TestForwardIsByteExactBothWays(t *testing.T) {
 	if n := h.opens.Load(); n != 2 {
 		t.Fatalf("host saw %d streams, want 2", n)
 	}
-	r.logs.waitFor(t, `"bytes_up":1048909,"bytes_down":1048909,"message":"local connection finished"`)
-	r.logs.waitFor(t, `"bytes_up":70000,"bytes_down":70000,"message":"local connection finished"`)
+	waitFor(t, r.logs, `"bytes_up":1048909,"bytes_down":1048909,"message":"local connection finished"`)
+	waitFor(t, r.logs, `"bytes_up":70000,"bytes_down":70000,"message":"local connection finished"`)
 	testenv.WaitFor(t, "the broker streams to end", func() bool { _, n := e.health(); return n == 0 })
 }
 
@@ -180,7 +180,7 @@ func TestForwardResetsCutStreams(t *testing.T) {
 	if err == nil || err == io.EOF {
 		t.Fatalf("read after the host vanished: %v, want a reset", err)
 	}
-	r.logs.waitFor(t, "1001")
+	waitFor(t, r.logs, "1001")
 }
 
 func TestForwardBootstrapServesExactlyOneConnection(t *testing.T) {
@@ -197,7 +197,7 @@ func TestForwardBootstrapServesExactlyOneConnection(t *testing.T) {
 		}
 		c.Close()
 	}
-	r.logs.waitFor(t, "bootstrap credential is spent")
+	waitFor(t, r.logs, "bootstrap credential is spent")
 	// The first connection is unaffected.
 	echoRoundTrip(t, first, 100)
 	first.Close()
@@ -218,7 +218,7 @@ func TestForwardBootstrapSurvivesHostOffline(t *testing.T) {
 		t.Fatalf("served without a host: %d %v", n, err)
 	}
 	c.Close()
-	r.logs.waitFor(t, "host_offline")
+	waitFor(t, r.logs, "host_offline")
 
 	h2 := e.host(0, echo)
 	c = r.dial(t)
@@ -237,7 +237,7 @@ func TestForwardMaxConns(t *testing.T) {
 	if n, err := b.Read(make([]byte, 1)); n != 0 || err == nil {
 		t.Fatalf("second connection served beyond MaxConns: %d %v", n, err)
 	}
-	r.logs.waitFor(t, "too many connections")
+	waitFor(t, r.logs, "too many connections")
 	echoRoundTrip(t, a, 10)
 	if n := h.opens.Load(); n != 1 {
 		t.Fatalf("host saw %d streams, want 1", n)

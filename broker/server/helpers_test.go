@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hermes-securelink/securelink/internal/testfake"
 
 	"github.com/rs/zerolog"
 
@@ -79,25 +80,7 @@ type env struct {
 }
 
 // logBuffer keeps log lines so tests can check that no secret was logged.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.buf.Len() < 4<<20 {
-		l.buf.Write(p)
-	}
-	return len(p), nil
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+type logBuffer = testfake.LogBuffer
 
 type testHost struct {
 	id    wire.ID

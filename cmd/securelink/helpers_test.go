@@ -23,7 +23,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -160,22 +159,7 @@ func newHermesHome(t *testing.T, dir string, secret []byte) string {
 }
 
 // syncWriter lets the test read a subprocess's stderr while it is written.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
+type syncWriter = testfake.LogBuffer
 
 func runCLI(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()

@@ -5,30 +5,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/internal/testfake"
+
 	"github.com/rs/zerolog"
 )
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = testfake.LogBuffer
 
 // The descriptor count follows real opens, and crossing 80 % of the soft
 // limit is logged before the limit is reached.

@@ -48,9 +48,11 @@ func writeTestCert(t *testing.T, dir string) (certFile, keyFile string, pool *x5
 	return certFile, keyFile, pool
 }
 
-func TestServeListenerTLSAndShutdown(t *testing.T) {
-	var pool *x509.CertPool
-	e := newEnv(t, func(c *Config) {
+// serveTLS runs a broker with a test certificate on a loopback listener
+// until cancel; served reports ServeListener's result.
+func serveTLS(t *testing.T) (e *env, ln net.Listener, pool *x509.CertPool, cancel context.CancelFunc, served chan error) {
+	t.Helper()
+	e = newEnv(t, func(c *Config) {
 		c.InsecurePlaintext = false
 		c.TLSCertFile, c.TLSKeyFile, pool = writeTestCert(t, t.TempDir())
 	})
@@ -59,8 +61,13 @@ func TestServeListenerTLSAndShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
+	served = make(chan error, 1)
 	go func() { served <- e.b.ServeListener(ctx, ln) }()
+	return e, ln, pool, cancel, served
+}
+
+func TestServeListenerTLSAndShutdown(t *testing.T) {
+	e, ln, pool, cancel, served := serveTLS(t)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: step}
 	base := "https://" + ln.Addr().String()
 	resp, err := client.Get(base + "/health")
@@ -97,18 +104,7 @@ func TestServeListenerTLSAndShutdown(t *testing.T) {
 // The broker's TLS 1.2 offers only ECDHE AEAD suites, as the front's does
 // (internal/tlsconf): a client offering only CBC-SHA1 is refused.
 func TestServeListenerOffersOnlyAEADSuitesOnTLS12(t *testing.T) {
-	var pool *x509.CertPool
-	e := newEnv(t, func(c *Config) {
-		c.InsecurePlaintext = false
-		c.TLSCertFile, c.TLSKeyFile, pool = writeTestCert(t, t.TempDir())
-	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- e.b.ServeListener(ctx, ln) }()
+	_, ln, pool, cancel, served := serveTLS(t)
 	defer func() { cancel(); <-served }()
 	dial := func(suite uint16) error {
 		c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{

@@ -685,7 +685,9 @@ if has_server nginx; then
 	NGINX_V=$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')
 	NGINX_SSL=$("$NGINX" -V 2>&1 | sed -n 's/^built with //p' | head -n1)
 fi
-FRONT_V=$(git describe --always --dirty 2>/dev/null || echo unknown)
+# The binary's own version: BIN= may be a build of another tree.
+FRONT_V=$("$FRONT_BIN" version 2>/dev/null | awk '{print $NF; exit}')
+[[ -n $FRONT_V ]] || FRONT_V=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 ratio() {
 	awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b+0 == 0) print "-"; else printf "%.2fx", a/b }'

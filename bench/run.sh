@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# `make bench`: the front (`securelink serve`) against nginx as an equivalent
-# TLS reverse proxy, in one run, on loopback only, with the same ECDSA P-256 key.
+# `make bench`: the front (`securelink serve`) against nginx and Caddy as
+# equivalent TLS reverse proxies, in one run, on loopback only, with the same
+# ECDSA P-256 key.
 #
-# Layout: the server under test (front or nginx, 1 worker) is pinned to core 0;
-# the load generators (wrk, bench/loadgen) and the fake upstream to core 1.
-# Every figure is measured, never asserted; the table compares CPU per
-# operation and front/nginx ratios, which survive a noisy shared machine better
-# than raw rates.
+# Layout: the server under test (front, nginx with 1 worker, or Caddy) is
+# pinned to core 0; the load generators (wrk, bench/loadgen) and the fake
+# upstream to core 1. Every figure is measured, never asserted; the table
+# compares CPU per operation and ratios to each peer (medians over
+# BENCH_ROUNDS rounds), which survive a noisy shared machine better than raw
+# rates.
 #
-#   BENCH_QUICK=1   a smoke run of a few seconds per figure (under a minute)
-#   BENCH_PPROF=1   also profile the front during an extra small-GET pass with
-#                   perf (the front exposes no pprof); report in bench/results/
-#   BENCH_ONLY=front|nginx   measure one server only (no ratio column values)
+#   BENCH_QUICK=1   a smoke run of a few seconds per figure, one round
+#   BENCH_ROUNDS=N  rounds of every front figure (default 3, 1 when quick);
+#                   the table shows each figure's median
+#   BENCH_PPROF=1   also profile the front with perf during extra small-GET,
+#                   /relay/health, download and echo passes (the front
+#                   exposes no pprof); reports in bench/results/
+#   BENCH_ONLY=front|nginx|caddy   measure one server only (no ratio values)
+#   BENCH_ONLY=tcp           the three servers' TCP figures only (no HTTP/3
+#                            block, no Reach)
 #   BENCH_ONLY=reach         only the Reach figures (bench/reach.sh): broker
 #                            vs direct, through our broker and connector
 #   BENCH_ONLY=h3            only the HTTP/3 block: the front (http3: true)
@@ -31,25 +38,30 @@ ONLY=${BENCH_ONLY:-}
 RESULTS=$ROOT/bench/results
 
 if [[ $QUICK == 1 ]]; then
-	DUR=2 WARM=1 SETTLE=1s MODE="quick (BENCH_QUICK=1: smoke run, rough numbers)"
+	DUR=2 WARM=1 SETTLE=1s ROUNDS=${BENCH_ROUNDS:-1} MODE="quick (BENCH_QUICK=1: smoke run, rough numbers)"
 else
-	DUR=10 WARM=2 SETTLE=3s MODE="full"
+	DUR=6 WARM=1 SETTLE=3s ROUNDS=${BENCH_ROUNDS:-3} MODE="full"
 fi
+[[ $ROUNDS =~ ^[1-9][0-9]?$ ]] || {
+	echo "BENCH_ROUNDS must be 1..99" >&2
+	exit 2
+}
 IDLE_CONNS=1000
 GET_CONNS=32
 ECHO_CONNS=32
 HS_LOOPS=16
-SERVERS=(front nginx)
-FIGURES=(idle get download handshakes echo)
+SERVERS=(front nginx caddy)
+FIGURES=(idle get health download handshakes echo)
 REACH=1
 H3=1 # the HTTP/3 block: front and Caddy (Debian's caddy serves h3)
 case $ONLY in
 "") ;;
-front | nginx) SERVERS=("$ONLY") REACH=0 H3=0 ;;
+front | nginx | caddy) SERVERS=("$ONLY") REACH=0 H3=0 ;;
+tcp) REACH=0 H3=0 ;;
 reach) SERVERS=() H3=0 ;;
-h3) SERVERS=(front) FIGURES=(get download) REACH=0 ;;
+h3) SERVERS=(front caddy) FIGURES=(get download) REACH=0 ROUNDS=1 ;;
 *)
-	echo "BENCH_ONLY must be front, nginx, reach or h3" >&2
+	echo "BENCH_ONLY must be front, nginx, caddy, tcp, reach or h3" >&2
 	exit 2
 	;;
 esac
@@ -92,12 +104,13 @@ install_pkgs() {
 
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 missing=()
+has_server() { [[ " ${SERVERS[*]} " == *" $1 "* ]]; }
 if ((${#SERVERS[@]})); then # BENCH_ONLY=reach needs neither nginx nor wrk
-	[[ -x $NGINX || $ONLY == h3 ]] || missing+=(nginx)
+	has_server nginx && ! [[ -x $NGINX ]] && missing+=(nginx)
 	command -v wrk >/dev/null || missing+=(wrk)
 fi
 CADDY=$(command -v caddy || echo /usr/bin/caddy)
-if ((H3)); then
+if ((H3)) || has_server caddy; then
 	[[ -x $CADDY ]] || missing+=(caddy)
 fi
 command -v taskset >/dev/null || missing+=(util-linux)
@@ -110,10 +123,10 @@ if ((${#missing[@]})); then
 	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 	CADDY=$(command -v caddy || echo /usr/bin/caddy)
 fi
-if ((${#SERVERS[@]})) && [[ $ONLY != h3 ]]; then
+if has_server nginx; then
 	[[ -x $NGINX ]] || die "nginx not found after install"
 fi
-if ((H3)); then
+if ((H3)) || has_server caddy; then
 	[[ -x $CADDY ]] || die "caddy not found after install"
 fi
 
@@ -344,15 +357,16 @@ EOF
 
 # ------------------------------------------------------------------ caddy
 
-# Caddy, the HTTP/3 peer: nginx's routes (/api/ with the prefix stripped,
-# /relay/health), TCP and UDP on one loopback port, the front's key.
+# Caddy, the second peer (and the HTTP/3 one): nginx's routes (/api/ with the
+# prefix stripped, /relay/health, /relay/ws to the upstream's /ws), TCP and UDP
+# on one loopback port, the front's key.
 start_caddy() {
 	local cd="$WORK/caddy"
 	mkdir -p "$cd/data" "$cd/config"
 	chmod 700 "$cd"
 	server_key caddy "$cd"
 	cat >"$cd/Caddyfile" <<EOF
-# Generated by bench/run.sh: Caddy as the front's HTTP/3 peer, for comparison.
+# Generated by bench/run.sh: Caddy as the front's equivalent, for comparison.
 {
 	admin off
 	auto_https off
@@ -373,6 +387,10 @@ https://127.0.0.1:$CADDY_PORT {
 	}
 	handle /relay/health {
 		rewrite * /health
+		reverse_proxy 127.0.0.1:$UP_PORT
+	}
+	handle /relay/ws {
+		rewrite * /ws
 		reverse_proxy 127.0.0.1:$UP_PORT
 	}
 	handle {
@@ -396,23 +414,23 @@ for s in "${SERVERS[@]}"; do
 	case $s in
 	front) start_front ;;
 	nginx) start_nginx ;;
+	caddy) start_caddy ;;
 	esac
 done
 H3_SERVERS=()
 if ((H3)); then
-	start_caddy
 	((H3_FRONT)) && H3_SERVERS+=(front)
 	H3_SERVERS+=(caddy)
 fi
-# The same key on both sides is what makes the handshake figure comparable.
-if [[ -n ${PIN[front]:-} && -n ${PIN[nginx]:-} ]]; then
-	[[ ${PIN[front]} == "${PIN[nginx]}" ]] || die "front and nginx pins differ"
-fi
+# The same key on every side is what makes the handshake figure comparable.
+for s in nginx caddy; do
+	if [[ -n ${PIN[front]:-} && -n ${PIN[$s]:-} ]]; then
+		[[ ${PIN[front]} == "${PIN[$s]}" ]] || die "front and $s pins differ"
+	fi
+done
 
 # Sanity: each server must answer the routes the figures use.
-TCP_SERVERS=("${SERVERS[@]}")
-((H3)) && TCP_SERVERS+=(caddy)
-for s in "${TCP_SERVERS[@]}"; do
+for s in "${SERVERS[@]}"; do
 	for path in /api/small /api/big /relay/health; do
 		out=$("$LG" get -url "https://${URL[$s]}$path" -pin "${PIN[$s]}") || die "$s $path: request failed"
 		[[ $out == status=200* ]] || die "$s $path: $out"
@@ -427,7 +445,9 @@ done
 
 # ------------------------------------------------------------------ measuring
 
-declare -A R # R[<figure>.<server>] = value
+LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
+
+declare -A R TLSINFO # R[<figure>.<server>] = value; TLSINFO[<server>] = version cipher curve
 kv() { tr ' ' '\n' <<<"$2" | awk -F= -v k="$1" '$1 == k {print $2; exit}'; }
 cpu_us() { kv cpu_us "$("$LG" proc -pids "${PID[$1]}")"; }
 
@@ -468,6 +488,18 @@ measure_get() {
 	R[get_rps.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n/d}')
 }
 
+measure_health() {
+	local s=$1 n d bad cpu
+	read -r n d bad cpu < <(wrk_run "$s" /relay/health "$GET_CONNS")
+	((bad == 0)) || fail "$s /relay/health: $bad errors or non-2xx responses"
+	((n > 0)) || {
+		fail "$s /relay/health: no request completed"
+		return
+	}
+	R[health_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.1f", c/n}')
+	R[health_rps.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n/d}')
+}
+
 measure_download() {
 	local s=$1 n d bad cpu
 	read -r n d bad cpu < <(wrk_run "$s" /api/big 1)
@@ -478,6 +510,7 @@ measure_download() {
 	}
 	R[dl_mbs.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n*8388608/d/1e6}')
 	R[dl_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.0f", c/(n*8)}')
+	R[dl_sgb.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.3f", c/1e6/(n*8388608/1e9)}')
 }
 
 # measure_h3 SERVER PATH CONNS SIZE -> "ops secs cpu_us" over HTTP/3
@@ -519,7 +552,7 @@ measure_handshakes() {
 	log "$s handshakes: $out"
 	R[hs_rate.$s]=$(printf '%.0f' "$(kv rate "$out")")
 	R[hs_cpu.$s]=$(printf '%.0f' "$(kv cpu_per_op_us "$out")")
-	R[hs_tls.$s]="$(kv tls "$out") $(kv cipher "$out") $(kv curve "$out")"
+	TLSINFO[$s]="$(kv tls "$out") $(kv cipher "$out") $(kv curve "$out")"
 	(($(kv fail "$out") == 0)) || fail "$s handshakes: $(kv fail "$out") failed"
 }
 
@@ -545,8 +578,11 @@ measure_echo() {
 
 measure_idle() {
 	local s=$1 out
+	# 4 dials in flight: under the front's 5 unauthenticated sessions per
+	# source (all come from 127.0.0.1), which a loaded machine would
+	# otherwise hit with 429s; the same for every server.
 	out=$(load "$LG" idle -url "wss://${URL[$s]}/relay/ws" -pin "${PIN[$s]}" -conns "$IDLE_CONNS" \
-		-settle "$SETTLE" -pids "${PID[$s]}") || {
+		-parallel 4 -settle "$SETTLE" -pids "${PID[$s]}") || {
 		fail "$s idle WebSockets failed"
 		return
 	}
@@ -554,49 +590,70 @@ measure_idle() {
 	R[idle_mib.$s]=$(printf '%.1f' "$(kv mib_per_1000 "$out")")
 }
 
-profile_front() {
-	[[ $PPROF == 1 && -n ${PID[front]:-} ]] || return 0
-	local data="$RESULTS/front-get.perf.data" txt="$RESULTS/front-get.perf.txt"
-	log "profiling the front with perf during an extra small-GET pass (${DUR}s)"
+# profile_pass NAME CMD...: perf on the front while CMD runs (DUR seconds of load).
+profile_pass() {
+	local name=$1 data="$RESULTS/front-$1.perf.data" txt="$RESULTS/front-$1.perf.txt"
+	shift
+	log "profiling the front with perf during an extra $name pass (${DUR}s)"
 	load perf record -q -F 999 -g -p "${PID[front]}" -o "$data" -- sleep "$DUR" 2>>"$WORK/perf.log" &
 	local perf_pid=$!
-	load wrk -t1 -c"$GET_CONNS" -d"${DUR}s" "https://${URL[front]}/api/small" >/dev/null
+	load "$@" >/dev/null || true
 	if wait "$perf_pid" && [[ -s $data ]]; then
 		# perf pads a column per unknown sort key with "-"; strip that.
 		local clean='/^#/d; /^$/d; s/[[:space:]]+-[[:space:]]+-[[:space:]]*$//'
 		{
-			echo "== self CPU by symbol (small GET through /api/, ${DUR} s)"
+			echo "== self CPU by symbol ($name, ${DUR} s)"
 			perf report -i "$data" --stdio --no-children --sort symbol -g none --percent-limit 0.5 2>/dev/null | sed -E "$clean"
 			echo
 			echo "== inclusive CPU (children) by symbol, >= 1%"
 			perf report -i "$data" --stdio --children --sort symbol -g none --percent-limit 1 2>/dev/null | sed -E "$clean"
 		} >"$txt" || true
-		PPROF_NOTE="front CPU profile (perf, small GET): $txt (raw: $data)."
-		PPROF_NOTE+=$'\n  top self entries:\n'$(sed -n '2,13p' "$txt")
-		PPROF_NOTE+=$'\n  the front\'s own code, inclusive:\n'$(grep -E 'securelink/|httputil\.\(\*ReverseProxy\)\.ServeHTTP|net/http\.\(\*conn\)\.serve$|persistConn\)\.(read|write)Loop$' "$txt" | head -n 12)
+		PPROF_NOTE+="front CPU profile (perf, $name): $txt (raw: $data)."
+		PPROF_NOTE+=$'\n  top self entries:\n'$(sed -n '2,9p' "$txt")$'\n'
 	else
-		PPROF_NOTE="perf record failed (see $RESULTS/logs/perf.log): no profile taken"
+		PPROF_NOTE+="perf record failed for $name (see $RESULTS/logs/perf.log)"$'\n'
 	fi
+}
+
+profile_front() {
+	[[ $PPROF == 1 && -n ${PID[front]:-} ]] || return 0
+	local u="https://${URL[front]}"
+	profile_pass get wrk -t1 -c"$GET_CONNS" -d"${DUR}s" "$u/api/small"
+	profile_pass health wrk -t1 -c"$GET_CONNS" -d"${DUR}s" "$u/relay/health"
+	profile_pass download wrk -t1 -c1 -d"${DUR}s" "$u/api/big"
+	profile_pass echo "$LG" echo -url "wss://${URL[front]}/relay/ws" -pin "${PIN[front]}" -conns "$ECHO_CONNS" -size 1024 \
+		-duration "${DUR}s" -warmup 0s -pids "${PID[front]}"
+	PPROF_NOTE=${PPROF_NOTE%$'\n'}
 }
 
 # Idle WebSockets first, on freshly started servers: heap freed by earlier
 # figures would otherwise absorb part of the increase. Then interleaved per
 # figure, so drift on the shared machine hits both servers alike.
-for fig in "${FIGURES[@]}"; do
+# Rounds: every figure again (idle memory only in the first, on fresh
+# servers); RR keeps each round's values, the table shows their median.
+declare -A RR
+for round in $(seq 1 "$ROUNDS"); do
 	((${#SERVERS[@]})) || break
-	for s in "${SERVERS[@]}"; do
-		log "$fig: $s"
-		"measure_$fig" "$s"
+	for fig in "${FIGURES[@]}"; do
+		[[ $fig == idle && $round -gt 1 ]] && continue
+		for s in "${SERVERS[@]}"; do
+			log "round $round/$ROUNDS, $fig: $s"
+			"measure_$fig" "$s"
+		done
+		if [[ $fig == idle ]]; then sleep 1; fi # let the closed sockets drain before CPU figures
 	done
-	if [[ $fig == idle ]]; then sleep 1; fi # let the closed sockets drain before CPU figures
+	for k in "${!R[@]}"; do
+		RR[$k]+="${RR[$k]:+ }${R[$k]}"
+	done
+	R=()
 done
-# The HTTP/3 block: Caddy's TCP figures next to the front's above, then both
-# servers over HTTP/3, interleaved per figure.
+median() { tr ' ' '\n' <<<"$1" | sort -g | awk '{v[NR]=$1} END{if (NR) print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+for k in "${!RR[@]}"; do
+	R[$k]=$(median "${RR[$k]}")
+done
+# The HTTP/3 block: both servers over HTTP/3, interleaved per figure (their
+# TCP figures are the rounds' above).
 if ((H3)); then
-	for fig in get download; do
-		log "$fig: caddy"
-		"measure_$fig" caddy
-	done
 	for fig in h3_get h3_download; do
 		for s in "${H3_SERVERS[@]}"; do
 			log "$fig: $s"
@@ -623,22 +680,40 @@ for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY; do
 done
 CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 NGINX_V="" NGINX_SSL="" CADDY_V=""
-((H3)) && CADDY_V=$("$CADDY" version 2>/dev/null | awk '{print $1; exit}')
-if ((${#SERVERS[@]})) && [[ $ONLY != h3 ]]; then
+if ((H3)) || has_server caddy; then CADDY_V=$("$CADDY" version 2>/dev/null | awk '{print $1; exit}'); fi
+if has_server nginx; then
 	NGINX_V=$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')
 	NGINX_SSL=$("$NGINX" -V 2>&1 | sed -n 's/^built with //p' | head -n1)
 fi
-FRONT_V=$(git describe --always --dirty 2>/dev/null || echo unknown)
+# The binary's own version: BIN= may be a build of another tree.
+FRONT_V=$("$FRONT_BIN" version 2>/dev/null | awk '{print $NF; exit}')
+[[ -n $FRONT_V ]] || FRONT_V=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 ratio() {
 	awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "" || a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b+0 == 0) print "-"; else printf "%.2fx", a/b }'
 }
 # printf pads by bytes; "µ" is two, so widen the field by the difference.
-pad() { local b c; b=$(printf %s "$1" | LC_ALL=C wc -c); c=$(printf %s "$1" | LC_ALL=C.UTF-8 wc -m); echo $((44 + b - c)); }
-row() { # label key better [peer, default nginx]
+pad() { local b c; b=$(printf %s "$1" | LC_ALL=C wc -c); c=$(printf %s "$1" | LC_ALL=C.UTF-8 wc -m); echo $(($2 + b - c)); }
+row() { # label key better [peer, default nginx]: the HTTP/3 block's two-column row
 	local p=${4:-nginx}
 	local f=${R[$2.front]:-} n=${R[$2.$p]:-}
-	printf "%-$(pad "$1")s %10s %10s %11s   %s\n" "$1" "${f:--}" "${n:--}" "$(ratio "$f" "$n")" "$3"
+	printf "%-$(pad "$1" 44)s %10s %10s %11s   %s\n" "$1" "${f:--}" "${n:--}" "$(ratio "$f" "$n")" "$3"
+}
+# row3 label key better [goal]: front, nginx, caddy, both ratios, and the
+# verdict against the better peer of this run when goal is set.
+row3() {
+	local f=${R[$2.front]:-} n=${R[$2.nginx]:-} c=${R[$2.caddy]:-} verdict=""
+	if [[ -n ${4:-} && -n $f ]]; then
+		verdict=$(awk -v f="$f" -v n="$n" -v c="$c" -v better="$3" 'BEGIN{
+			best=""; who="";
+			if (n != "") { best=n; who="nginx" }
+			if (c != "" && (best == "" || (better == "lower" ? c+0 < best+0 : c+0 > best+0))) { best=c; who="caddy" }
+			if (best == "") exit;
+			ok = (better == "lower") ? (f+0 <= best+0) : (f+0 >= best+0);
+			printf "%s vs %s: %s", (ok ? "met" : "MISSED"), who, (best+0 == 0 ? "-" : sprintf("%.2fx", f/best)) }')
+	fi
+	printf "%-$(pad "$1" 46)s %9s %9s %9s %8s %8s  %-6s %s\n" "$1" "${f:--}" "${n:--}" "${c:--}" \
+		"$(ratio "$f" "$n")" "$(ratio "$f" "$c")" "$3" "$verdict"
 }
 # busy SERVER RATE_KEY CPU_EACH_KEY [scale]: share of the server core a rate used,
 # to tell a server-bound figure from a client-bound one.
@@ -657,55 +732,95 @@ busy_line() { # label rate_key cpu_key [scale]
 	((${#parts[@]})) && echo "  $1: $(IFS=,; echo "${parts[*]}" | sed 's/,/, /g')"
 	true
 }
+# spread KEY SERVER: "min-max" over the rounds, for the notes.
+spread() {
+	local v=${RR[$1.$2]:-}
+	[[ $v == *" "* ]] || return 0
+	tr ' ' '\n' <<<"$v" | sort -g | awk -v s="$2" 'NR==1{lo=$1} {hi=$1} END{printf "%s %s-%s", s, lo, hi}'
+}
+spread_line() { # label key
+	local s parts=()
+	for s in "${SERVERS[@]}"; do
+		local b
+		b=$(spread "$2" "$s")
+		[[ -n $b ]] && parts+=("$b")
+	done
+	((${#parts[@]})) && echo "  $1: $(IFS=,; echo "${parts[*]}" | sed 's/,/, /g')"
+	true
+}
+LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 {
-	echo "securelink bench — $(date -u +%Y-%m-%dT%H:%M:%SZ), $MODE"
+	echo "securelink bench — $(date -u +%Y-%m-%dT%H:%M:%SZ), $MODE, $ROUNDS round(s), medians"
 	echo "command:  ${ENVS}$CMD"
 	echo "go:       $($GO version)"
 	echo "binary:   securelink $FRONT_V ($FRONT_BIN${PPROF_BUILD:+, unstripped build for perf})"
+	echo "load:     loadavg at start $LOADAVG_START, at end $LOADAVG_END (this bench itself adds ~2)"
 	if ((${#SERVERS[@]} == 0)); then
 		echo "cpu:      $CPU_MODEL, $NCPU cores"
 	elif [[ $ONLY == h3 ]]; then
 		echo "cpu:      $CPU_MODEL, $NCPU cores; server on core $SERVER_CPU, load generator + upstream on core $LOAD_CPU"
 	else
-		echo "nginx:    $NGINX_V ($NGINX_SSL), wrk: $(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
+		[[ -n $NGINX_V ]] && echo "nginx:    $NGINX_V ($NGINX_SSL)"
+		[[ -n $CADDY_V ]] && has_server caddy && echo "caddy:    $CADDY_V (Debian package)"
+		echo "wrk:      $(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
 		echo "cpu:      $CPU_MODEL, $NCPU cores; server on core $SERVER_CPU, load generator + upstream on core $LOAD_CPU"
 		for s in "${SERVERS[@]}"; do
-			[[ -n ${R[hs_tls.$s]:-} ]] && echo "tls:      $s negotiated ${R[hs_tls.$s]} with the Go client (P-256 ECDSA key)"
+			[[ -n ${TLSINFO[$s]:-} ]] && echo "tls:      $s negotiated ${TLSINFO[$s]} with the Go client (P-256 ECDSA key)"
 		done
 		echo
-		printf '%-44s %10s %10s %11s   %s\n' "figure" "front" "nginx" "front/nginx" "better"
-		row "small GET: server CPU µs/request (32 conns)" get_cpu lower
-		row "small GET: requests/s" get_rps higher
-		row "8 MiB download: MB/s (1 conn)" dl_mbs higher
-		row "8 MiB download: server CPU µs/MiB" dl_cpu lower
-		row "new TLS handshakes/s (ECDSA P-256, X25519)" hs_rate higher
-		row "TLS handshake: server CPU µs each" hs_cpu lower
-		row "/relay/ws 1 KiB echo p50 µs (1 conn)" echo_p50 lower
-		row "/relay/ws 1 KiB echo p99 µs (1 conn)" echo_p99 lower
-		row "/relay/ws echo: server CPU µs/echo (32 conns)" echo_cpu lower
-		row "/relay/ws echoes/s (32 conns)" echo_rate higher
-		row "RSS MiB per 1,000 idle /relay/ws" idle_mib lower
+		printf "%-46s %9s %9s %9s %8s %8s  %-6s %s\n" "figure" "front" "nginx" "caddy" "f/nginx" "f/caddy" "better" "goal (front vs the better peer)"
+		row3 "small GET: server CPU µs/request (32 conns)" get_cpu lower goal
+		row3 "small GET: requests/s" get_rps higher
+		row3 "/relay/health: server CPU µs/request (32 c.)" health_cpu lower goal
+		row3 "/relay/health: requests/s" health_rps higher
+		row3 "8 MiB download: MB/s (1 conn)" dl_mbs higher goal
+		row3 "8 MiB download: server CPU s/GB" dl_sgb lower goal
+		row3 "8 MiB download: server CPU µs/MiB" dl_cpu lower
+		row3 "new TLS handshakes/s (ECDSA P-256, X25519)" hs_rate higher
+		row3 "TLS handshake: server CPU µs each" hs_cpu lower goal
+		row3 "/relay/ws 1 KiB echo p50 µs (1 conn)" echo_p50 lower goal
+		row3 "/relay/ws 1 KiB echo p99 µs (1 conn)" echo_p99 lower
+		row3 "/relay/ws echo: server CPU µs/echo (32 conns)" echo_cpu lower goal
+		row3 "/relay/ws echoes/s (32 conns)" echo_rate higher
+		row3 "RSS MiB per 1,000 idle /relay/ws" idle_mib lower goal
 		echo
 		echo "notes:"
+		echo "- each figure is the median of $ROUNDS round(s); rounds run every figure on every server in"
+		echo "  turn (front, nginx, caddy), so drift on the shared machine hits all alike. Idle memory is"
+		echo "  measured in the first round only, on freshly started servers."
 		echo "- server CPU = utime+stime from /proc of every server process (nginx master + worker) over"
 		echo "  the measured window; ${DUR} s per figure after ${WARM} s warm-up; RSS = VmRSS increase after"
 		echo "  $IDLE_CONNS authenticated idle WebSockets and $SETTLE settling."
-		echo "- HTTP figures: wrk -t1 over HTTP/1.1 keep-alive (100-byte /api/small with $GET_CONNS conns;"
-		echo "  /api/big with 1 conn). Handshakes and WebSockets: bench/loadgen, X25519 only, no session"
-		echo "  resumption, pin checked in VerifyConnection; $HS_LOOPS handshake loops."
-		echo "- /relay/ws: front = message-level bridge to the upstream /ws; nginx = byte-level"
-		echo "  WebSocket proxy to the same /ws. Both do the Relay auth exchange first."
+		echo "- HTTP figures: wrk -t1 over HTTP/1.1 keep-alive (100-byte /api/small and /relay/health with"
+		echo "  $GET_CONNS conns; /api/big with 1 conn). The front answers /relay/health itself (cached"
+		echo "  probes); nginx and Caddy proxy it to the upstream's /health. Handshakes and WebSockets:"
+		echo "  bench/loadgen, X25519 only, no session resumption, pin checked in VerifyConnection;"
+		echo "  $HS_LOOPS handshake loops."
+		echo "- /relay/ws: front = the bridge to the upstream /ws (frames forwarded after auth.ok); nginx"
+		echo "  and Caddy = byte-level WebSocket proxies to the same /ws. All do the Relay auth exchange first."
 		echo "- nginx: worker_processes 1, TLSv1.2+1.3, ssl_ecdh_curve X25519:prime256v1, upstream"
 		echo "  keepalive 64, proxy_buffering off + proxy_buffer_size 32k on /api/ (the front streams"
 		echo "  with 32 KiB buffers), default buffers on /relay/ws, keepalive_requests raised, access_log off."
+		echo "- caddy: reverse_proxy with its defaults (streams, keep-alive upstream pool), admin off,"
+		echo "  logs at WARN, no access log; GOMAXPROCS 1 from the core pinning, like the front."
 		echo "- server core busy during the rate figures (below ~95%: the client core was the limit,"
 		echo "  so compare the CPU-per-operation rows):"
 		busy_line "small GET" get_rps get_cpu
+		busy_line "health" health_rps health_cpu
 		busy_line "download" dl_mbs dl_cpu 0.953674
 		busy_line "handshakes" hs_rate hs_cpu
 		busy_line "echo x$ECHO_CONNS" echo_rate echo_cpu
-		echo "- ratio = front/nginx in this run. The machine may be shared: rates swing between runs,"
+		if ((ROUNDS > 1)); then
+			echo "- spread over the rounds (min-max):"
+			spread_line "small GET µs/req" get_cpu
+			spread_line "health µs/req" health_cpu
+			spread_line "download s/GB" dl_sgb
+			spread_line "handshake µs" hs_cpu
+			spread_line "echo p50 µs" echo_p50
+			spread_line "echo µs/echo" echo_cpu
+		fi
+		echo "- ratio = front/peer in this run. The machine may be shared: rates swing between runs,"
 		echo "  CPU per operation is the steadier comparison."
 		[[ -n $PPROF_NOTE ]] && printf -- '- %s\n' "$PPROF_NOTE"
 	fi

@@ -11,7 +11,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -428,6 +430,39 @@ func TestCanonicalAddr(t *testing.T) {
 		}
 		if got := canonicalAddr(u); got != want {
 			t.Errorf("canonicalAddr(%s) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A body read at full speed switches the direct path's copy to the bulk
+// buffer mid-body; the bytes arrive intact and in order, length-delimited
+// and chunked, on both paths.
+func TestDirectPathBulkBodyArrivesIntact(t *testing.T) {
+	body := make([]byte, 3<<20+12345)
+	for i := range body {
+		body[i] = byte(i*7 + i>>11)
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/chunked" {
+			w.(http.Flusher).Flush() // no Content-Length: chunked
+		} else {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		}
+		w.Write(body)
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	for _, rpOnly := range []bool{false, true} {
+		h := newHarness(t, withOptions(func(o *Options) {
+			o.Upstreams.API = u
+			o.reverseProxyOnly = rpOnly
+		}))
+		for _, p := range []string{"/api/big", "/api/chunked", "/api/big"} {
+			resp, got := h.get(p)
+			if resp.StatusCode != 200 || !bytes.Equal(got, body) {
+				t.Fatalf("reverseProxyOnly=%v %s: status %d, %d bytes (want %d), equal %v",
+					rpOnly, p, resp.StatusCode, len(got), len(body), bytes.Equal(got, body))
+			}
 		}
 	}
 }

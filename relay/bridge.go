@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -50,7 +49,6 @@ type Bridge struct {
 	o       Options
 	log     zerolog.Logger
 	target  atomic.Pointer[target]
-	client  *http.Client
 	limiter *authLimiter
 	pending *pendingLimiter
 
@@ -77,26 +75,9 @@ func NewBridge(o Options) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr := &http.Transport{
-		Proxy:                  nil, // loopback service: never via an environment proxy
-		DialContext:            dialAbruptEOF((&net.Dialer{Timeout: o.DialTimeout}).DialContext),
-		DisableKeepAlives:      true, // a successful handshake consumes the connection anyway
-		DisableCompression:     true,
-		MaxResponseHeaderBytes: 64 << 10,
-		ResponseHeaderTimeout:  o.DialTimeout,
-		// Used only for the upgrade exchange and then dropped: small, so
-		// opening many connections leaves less garbage behind.
-		ReadBufferSize:  1 << 10,
-		WriteBufferSize: 1 << 10,
-	}
 	b := &Bridge{
-		o:   o,
-		log: o.Log.With().Str("ns", "relay").Logger(),
-		client: &http.Client{
-			Transport: tr,
-			// A redirect from the Relay is passed back as a status, never followed.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
+		o:        o,
+		log:      o.Log.With().Str("ns", "relay").Logger(),
 		limiter:  newAuthLimiter(o.AuthFailLimit, o.AuthFailWindow, o.BlockDuration, o.MaxTrackedSources),
 		pending:  newPendingLimiter(o.MaxUnauthenticated, o.MaxUnauthenticatedReach),
 		sessions: make(map[*session]struct{}),
@@ -265,34 +246,25 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.logAt(zerolog.WarnLevel, remote, source).Str("upstream", t.host).Str("error", dialErrorText(err)).Msg("relay: upstream upgrade failed")
 		return
 	}
-
-	// The server's header and body deadlines must not survive into a
-	// long-lived WebSocket; the bridge pings instead. Not every
-	// ResponseWriter supports this, which is harmless.
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Time{})
-	_ = rc.SetWriteDeadline(time.Time{})
-	var selected []string
-	if p := up.Subprotocol(); p != "" {
-		selected = []string{p}
-	}
-	cl, err := websocket.Accept(smallBuffers(w), r, &websocket.AcceptOptions{
-		Subprotocols: selected,
-		// Origin is the Relay's decision: it receives the client's Origin.
-		InsecureSkipVerify: true,
-		CompressionMode:    websocket.CompressionDisabled,
-	})
+	conn, br, err := acceptClient(w, r, up.subprotocol, b.o.WriteTimeout)
 	if err != nil {
-		_ = up.Close(websocket.StatusGoingAway, "client handshake failed")
+		upLeg := newLeg(up.conn, up.br, false, "relay", b.o.WriteTimeout)
+		upLeg.markPeerDone()
+		upLeg.shutdown(closeSpec{websocket.StatusGoingAway, "client handshake failed"})
 		b.logAt(zerolog.DebugLevel, remote, source).Err(err).Msg("relay: client upgrade failed")
 		return
 	}
+	cl := newLeg(conn, br, true, "client", b.o.WriteTimeout)
+	upLeg := newLeg(up.conn, up.br, false, "relay", b.o.WriteTimeout)
 
-	s := newSession(b, cl, up, remote, source, broker)
+	s := newSession(b, cl, upLeg, remote, source, broker)
 	slotHeld = false // the session releases it: at its first auth.ok or its end
 	if !b.register(s) {
-		s.releaseSlot()
+		// No pump will read the peers' answers: close without waiting.
+		cl.markPeerDone()
+		upLeg.markPeerDone()
 		s.end(goingAway, goingAway, "shutdown")
+		s.closers.Wait()
 		return
 	}
 	// The session runs on its own goroutine and the handler returns: the
@@ -354,7 +326,7 @@ func offeredSubprotocols(h http.Header) []string {
 // from the client (never Cookie, Authorization or forwarding headers), plus
 // the proxy-secret pair when configured. The query string is forwarded raw,
 // because clients may carry Relay parameters there.
-func (b *Bridge) dialRelay(r *http.Request, t *target, offered []string) (*websocket.Conn, *http.Response, error) {
+func (b *Bridge) dialRelay(r *http.Request, t *target, offered []string) (*relayConn, *http.Response, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), b.o.DialTimeout)
 	defer cancel()
 	stop := context.AfterFunc(b.base, cancel)
@@ -362,7 +334,7 @@ func (b *Bridge) dialRelay(r *http.Request, t *target, offered []string) (*webso
 
 	// The namespace header table decides what a /relay/ws client may tell
 	// the Relay (Origin, Sec-WebSocket-Protocol, User-Agent); the
-	// subprotocols travel as the library's own offer.
+	// subprotocols travel as the bridge's own offer.
 	h := r.Header.Clone()
 	policy.RequestHeaders(policy.NSRelay, h, "", "", false)
 	h.Del("Sec-Websocket-Protocol")
@@ -376,12 +348,7 @@ func (b *Bridge) dialRelay(r *http.Request, t *target, offered []string) (*webso
 	if r.URL.RawQuery != "" {
 		u += "?" + r.URL.RawQuery
 	}
-	return websocket.Dial(ctx, u, &websocket.DialOptions{
-		HTTPClient:      b.client,
-		HTTPHeader:      h,
-		Subprotocols:    offered,
-		CompressionMode: websocket.CompressionDisabled,
-	})
+	return dialRelayWS(ctx, u, h, offered)
 }
 
 // dialErrorText describes a dial failure without the request URL: its query

@@ -19,6 +19,10 @@ import (
 )
 
 func TestBridgeRelaysTextAndBinaryInOrder(t *testing.T) {
+	bothModes(t, testBridgeRelaysTextAndBinaryInOrder)
+}
+
+func testBridgeRelaysTextAndBinaryInOrder(t *testing.T) {
 	_, _, front := setup(t, nil, nil)
 	c := mustDial(t, front, dialOpt{})
 	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
@@ -48,7 +52,9 @@ func TestBridgeRelaysTextAndBinaryInOrder(t *testing.T) {
 	}
 }
 
-func TestBridgeMessageSizeLimit(t *testing.T) {
+func TestBridgeMessageSizeLimit(t *testing.T) { bothModes(t, testBridgeMessageSizeLimit) }
+
+func testBridgeMessageSizeLimit(t *testing.T) {
 	t.Run("exactly 4 MiB passes both ways", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
@@ -93,7 +99,9 @@ func TestBridgeMessageSizeLimit(t *testing.T) {
 	})
 }
 
-func TestBridgeCloseCodes(t *testing.T) {
+func TestBridgeCloseCodes(t *testing.T) { bothModes(t, testBridgeCloseCodes) }
+
+func testBridgeCloseCodes(t *testing.T) {
 	t.Run("relay 4000 reaches the client with its reason", func(t *testing.T) {
 		_, _, front := setup(t, nil, nil)
 		c := mustDial(t, front, dialOpt{})
@@ -394,7 +402,9 @@ func TestBridgeReturnsRelaySelectedSubprotocol(t *testing.T) {
 	_ = relay2
 }
 
-func TestBridgeShutdownSends1001(t *testing.T) {
+func TestBridgeShutdownSends1001(t *testing.T) { bothModes(t, testBridgeShutdownSends1001) }
+
+func testBridgeShutdownSends1001(t *testing.T) {
 	relay, b, front := setup(t, nil, nil)
 	c := mustDial(t, front, dialOpt{})
 	testfake.Authenticate(t, c, testfake.GoodCode)
@@ -501,6 +511,10 @@ func (h *recordingHandoff) snapshot() (int, []byte, []byte, bool) {
 }
 
 func TestBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
+	bothModes(t, testBridgeHandoffOnlyForBrokerFirstAuthOK)
+}
+
+func testBridgeHandoffOnlyForBrokerFirstAuthOK(t *testing.T) {
 	relay := testfake.NewRelay(t, nil)
 	hook := &recordingHandoff{}
 	o := testOptions(t, relay)
@@ -591,7 +605,9 @@ func TestBridgeBrokerConnectionsCountAsReach(t *testing.T) {
 	}
 }
 
-func TestBridgeDropsPeerWithoutPong(t *testing.T) {
+func TestBridgeDropsPeerWithoutPong(t *testing.T) { bothModes(t, testBridgeDropsPeerWithoutPong) }
+
+func testBridgeDropsPeerWithoutPong(t *testing.T) {
 	t.Run("client", func(t *testing.T) {
 		relay, b, front := setup(t, nil, func(o *Options) {
 			o.PingInterval = 50 * time.Millisecond

@@ -3,7 +3,6 @@ package relay
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,13 +19,17 @@ import (
 	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
-// The frame path of the bridge: coder/websocket parses the frame headers and
-// nextMessage (readMessage) enforces the per-message limit across fragments.
-// FuzzFrameHeaders sends arbitrary client frame sequences over a real
-// WebSocket connection to a server reading with nextMessage, and checks the
-// result against a model of RFC 6455: no panic, every message returned is
-// the one the frames carried and at most limit bytes, and a message over the
-// limit is always errTooBig, whatever its frames declared.
+// The frame path of the bridge: readHeader parses the frame headers and
+// nextDataFrame enforces the message rules and the per-message limit across
+// fragments, under both modes of a pump: whole messages (nextMessage, before
+// the Relay's auth.ok) and frames forwarded as they arrive (forwardFrame,
+// after it). FuzzFrameHeaders sends arbitrary client frame sequences over a
+// real connection, through the bridge's own handshake, to a server reading
+// in each mode, and checks the result against one model of RFC 6455: no
+// panic, every message delivered is the one the frames carried and at most
+// limit bytes, and a message over the limit is always errTooBig, whatever
+// its frames declared. In frame mode "delivered" is what a reader of the
+// forwarded byte stream gets: the frames reach the far side unchanged.
 
 // fuzzMaskKey masks every generated client frame.
 var fuzzMaskKey = [4]byte{0x37, 0xfa, 0x21, 0x3d}
@@ -211,69 +214,125 @@ func FuzzFrameHeaders(f *testing.F) {
 			results <- res
 		}()
 		limit, _ := strconv.ParseInt(r.URL.Query().Get("limit"), 10, 64)
-		// Through the bridge's own hijack, as the client leg reads.
-		c, err := websocket.Accept(smallBuffers(w), r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+		// Through the bridge's own handshake, as the client leg reads.
+		conn, br, err := acceptClient(w, r, "", 10*time.Second)
 		if err != nil {
 			res.err = err
 			return
 		}
-		defer c.CloseNow()
-		c.SetReadLimit(limit + 1) // as newSession does
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for {
-			typ, bp, err := nextMessage(ctx, c, limit)
-			if err != nil {
-				res.err = err
-				return
+		defer conn.Close()
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		src := newLeg(conn, br, true, "client", 10*time.Second)
+		if r.URL.Query().Get("mode") == "message" {
+			for {
+				typ, bp, err := src.nextMessage(limit)
+				if err != nil {
+					res.err = err
+					return
+				}
+				res.msgs = append(res.msgs, fuzzMsg{websocket.MessageType(typ), bytes.Clone(*bp)})
 			}
-			res.msgs = append(res.msgs, fuzzMsg{typ, bytes.Clone(*bp)})
 		}
+		res.msgs, res.err = forwardAll(src, limit)
 	}))
 	defer srv.Close()
 
 	f.Fuzz(func(t *testing.T, in []byte, limitSeed uint16) {
 		limit := 1 + int64(limitSeed%8192)
 		wire, want := genFrames(in, limit)
-		conn, br := rawUpgrade(t, srv.Listener.Addr().String(), fmt.Sprintf("/?limit=%d", limit))
-		// Pongs and close frames come back; drain them so no write blocks.
-		go io.Copy(io.Discard, br)
-		if _, err := conn.Write(wire); err != nil && !errors.Is(err, net.ErrClosed) {
-			t.Logf("write: %v (the server may have closed first)", err)
-		}
-		_ = conn.CloseWrite()
-		got := <-results
-
-		if got.panic != nil {
-			t.Fatalf("panic reading frames: %v", got.panic)
-		}
-		for i, msg := range got.msgs {
-			if int64(len(msg.data)) > limit {
-				t.Fatalf("message %d of %d bytes passed a limit of %d", i, len(msg.data), limit)
+		for _, mode := range []string{"message", "frame"} {
+			conn, br := rawUpgrade(t, srv.Listener.Addr().String(), fmt.Sprintf("/?limit=%d&mode=%s", limit, mode))
+			// Pongs come back; drain them so no write blocks.
+			go io.Copy(io.Discard, br)
+			if _, err := conn.Write(wire); err != nil && !errors.Is(err, net.ErrClosed) {
+				t.Logf("write: %v (the server may have closed first)", err)
 			}
-		}
-		if len(got.msgs) != len(want.msgs) {
-			t.Fatalf("limit %d: read %d messages then %v; the model expects %d then end %d",
-				limit, len(got.msgs), got.err, len(want.msgs), want.end)
-		}
-		for i := range want.msgs {
-			if got.msgs[i].typ != want.msgs[i].typ || !bytes.Equal(got.msgs[i].data, want.msgs[i].data) {
-				t.Fatalf("message %d: got %v %d bytes, want %v %d bytes", i, got.msgs[i].typ, len(got.msgs[i].data),
-					want.msgs[i].typ, len(want.msgs[i].data))
-			}
-		}
-		tooBig := errors.Is(got.err, errTooBig)
-		switch want.end {
-		case endTooBig:
-			if !tooBig {
-				t.Fatalf("limit %d: a message over the limit ended with %v, want errTooBig", limit, got.err)
-			}
-		case endError:
-			if tooBig || got.err == nil {
-				t.Fatalf("limit %d: ended with %v, want an error other than errTooBig", limit, got.err)
-			}
+			_ = conn.CloseWrite()
+			checkFuzzResult(t, mode, limit, <-results, want)
 		}
 	})
+}
+
+// forwardAll forwards src's frames (the frame mode) over a real loopback
+// connection until src's stream ends, and returns what a reader of the
+// forwarded bytes gets: its complete messages, and the error that ended
+// the forwarding.
+func forwardAll(src *leg, limit int64) ([]fuzzMsg, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	out, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	in, err := ln.Accept()
+	if err != nil {
+		out.Close()
+		return nil, err
+	}
+	defer in.Close()
+	// The forwarded frames are still masked with the client's key: the far
+	// side reads them as a server reads a client.
+	far := newLeg(abruptEOFConn{in}, bufio.NewReader(abruptEOFConn{in}), true, "far", 10*time.Second)
+	got := make(chan []fuzzMsg, 1)
+	go func() {
+		var msgs []fuzzMsg
+		for {
+			typ, bp, err := far.nextMessage(1 << 30)
+			if err != nil {
+				got <- msgs
+				return
+			}
+			msgs = append(msgs, fuzzMsg{websocket.MessageType(typ), bytes.Clone(*bp)})
+		}
+	}()
+	dst := newLeg(out, nil, false, "relay", 10*time.Second)
+	var st msgState
+	for {
+		h, ferr := src.nextDataFrame(&st, limit)
+		if ferr == nil {
+			ferr = forwardFrame(src, dst, h)
+		}
+		if ferr != nil {
+			out.Close()
+			return <-got, ferr
+		}
+	}
+}
+
+func checkFuzzResult(t *testing.T, mode string, limit int64, got fuzzResult, want fuzzModel) {
+	t.Helper()
+	if got.panic != nil {
+		t.Fatalf("%s mode: panic reading frames: %v", mode, got.panic)
+	}
+	for i, msg := range got.msgs {
+		if int64(len(msg.data)) > limit {
+			t.Fatalf("message %d of %d bytes passed a limit of %d", i, len(msg.data), limit)
+		}
+	}
+	if len(got.msgs) != len(want.msgs) {
+		t.Fatalf("%s mode, limit %d: read %d messages then %v; the model expects %d then end %d",
+			mode, limit, len(got.msgs), got.err, len(want.msgs), want.end)
+	}
+	for i := range want.msgs {
+		if got.msgs[i].typ != want.msgs[i].typ || !bytes.Equal(got.msgs[i].data, want.msgs[i].data) {
+			t.Fatalf("%s mode, message %d: got %v %d bytes, want %v %d bytes", mode, i, got.msgs[i].typ, len(got.msgs[i].data),
+				want.msgs[i].typ, len(want.msgs[i].data))
+		}
+	}
+	tooBig := errors.Is(got.err, errTooBig)
+	switch want.end {
+	case endTooBig:
+		if !tooBig {
+			t.Fatalf("%s mode, limit %d: a message over the limit ended with %v, want errTooBig", mode, limit, got.err)
+		}
+	case endError:
+		if tooBig || got.err == nil {
+			t.Fatalf("%s mode, limit %d: ended with %v, want an error other than errTooBig", mode, limit, got.err)
+		}
+	}
 }
 
 // A client that stops sending in the middle of a message (a first fragment,
@@ -281,6 +340,10 @@ func FuzzFrameHeaders(f *testing.F) {
 // Relay would take it for one. The library alone reads the EOF as the message's
 // end.
 func TestBridgeDoesNotForwardATruncatedMessage(t *testing.T) {
+	bothModes(t, testBridgeDoesNotForwardATruncatedMessage)
+}
+
+func testBridgeDoesNotForwardATruncatedMessage(t *testing.T) {
 	relay, _, front := setup(t, nil, nil)
 	conn, br := rawUpgrade(t, front.Listener.Addr().String(), "/relay/ws")
 	conn.Write(clientFrame(0x1, testfake.AuthFrame(testfake.GoodCode)))

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"testing"
 )
 
@@ -100,5 +101,48 @@ func TestHealthAvailabilityFollowsProbe(t *testing.T) {
 	avail = Availability{API: true}
 	if got := get(); !reflect.DeepEqual(got, map[string]any{"relay": false, "api": true, "dashboard": false}) {
 		t.Fatalf("%v", got)
+	}
+}
+
+// discardWriter is a ResponseWriter that keeps one header map and drops
+// the body, so a run of the handler allocates only what the handler does.
+type discardWriter struct {
+	h      http.Header
+	status int
+	n      int
+}
+
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) WriteHeader(code int)        { d.status = code }
+func (d *discardWriter) Write(p []byte) (int, error) { d.n += len(p); return len(p), nil }
+
+// Every availability combination gets its own body with the right bits,
+// and answering costs no encoding: the eight bodies are built once.
+func TestHealthBodiesCachedPerAvailability(t *testing.T) {
+	for i := range 8 {
+		a := Availability{Relay: i&1 != 0, API: i&2 != 0, Dashboard: i&4 != 0}
+		h := NewHealthHandler(func(context.Context) Availability { return a })
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/relay/health", nil))
+		var got struct {
+			Services map[string]struct {
+				Available bool `json:"available"`
+			} `json:"services"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatalf("%+v: %v", a, err)
+		}
+		if got.Services["relay"].Available != a.Relay || got.Services["api"].Available != a.API ||
+			got.Services["dashboard"].Available != a.Dashboard {
+			t.Fatalf("%+v: body says %+v", a, got.Services)
+		}
+		if cl := rec.Header().Get("Content-Length"); cl != strconv.Itoa(rec.Body.Len()) {
+			t.Fatalf("%+v: Content-Length %s for %d bytes", a, cl, rec.Body.Len())
+		}
+		w := &discardWriter{h: http.Header{}}
+		req := httptest.NewRequest(http.MethodGet, "/relay/health", nil)
+		if n := testing.AllocsPerRun(100, func() { h.ServeHTTP(w, req) }); n != 0 {
+			t.Fatalf("%+v: %.0f allocations per answer, want none", a, n)
+		}
 	}
 }

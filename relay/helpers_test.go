@@ -17,9 +17,30 @@ import (
 
 func testOptions(t *testing.T, relay *testfake.Relay) Options {
 	return Options{
-		Upstream:    relay.URL,
-		DialTimeout: 3 * time.Second,
-		Log:         zerolog.New(zerolog.NewTestWriter(t)),
+		Upstream:     relay.URL,
+		DialTimeout:  3 * time.Second,
+		Log:          zerolog.New(zerolog.NewTestWriter(t)),
+		messagesOnly: messagesOnly,
+	}
+}
+
+// messagesOnly is what testOptions sets Options.messagesOnly to; bothModes
+// switches it.
+var messagesOnly bool
+
+// bothModes runs f twice: with the bridge forwarding frames after auth.ok
+// (the default, "frames") and reading whole messages throughout
+// ("messages"), so every rule f checks holds on both paths.
+func bothModes(t *testing.T, f func(t *testing.T)) {
+	for _, mode := range []struct {
+		name     string
+		messages bool
+	}{{"frames", false}, {"messages", true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			messagesOnly = mode.messages
+			defer func() { messagesOnly = false }()
+			f(t)
+		})
 	}
 }
 

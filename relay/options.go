@@ -45,6 +45,10 @@ type Options struct {
 	// connection's first auth.ok. Nil unless Reach is enabled.
 	Handoff Handoff
 	Log     zerolog.Logger
+
+	// messagesOnly keeps both pumps reading whole messages after auth.ok
+	// (no frame forwarding): tests run the bridge's rules over both modes.
+	messagesOnly bool
 }
 
 // Handoff is the Reach route-credential hook. The bridge calls AuthOK only

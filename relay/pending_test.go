@@ -93,6 +93,10 @@ func TestBridgeBoundsUnauthenticatedSessionsPerSource(t *testing.T) {
 // A session stops counting at the Relay's first auth.ok, and a session that
 // ends before its verdict gives its slot back.
 func TestBridgeUnauthenticatedSlotFreedByAuthOKAndEnd(t *testing.T) {
+	bothModes(t, testBridgeUnauthenticatedSlotFreedByAuthOKAndEnd)
+}
+
+func testBridgeUnauthenticatedSlotFreedByAuthOKAndEnd(t *testing.T) {
 	relay, b, front := setup(t, func(r *testfake.Relay) { r.HoldAuth = make(chan struct{}) },
 		func(o *Options) { o.MaxUnauthenticated = 1 })
 	defer close(relay.HoldAuth)

@@ -77,6 +77,10 @@ func readServerFrame(t *testing.T, br *bufio.Reader) (byte, []byte) {
 // hijacked; the bridge's smaller buffers must carry them over, whether they
 // fit the small read buffer or not.
 func TestBridgeKeepsFramesPipelinedWithTheUpgrade(t *testing.T) {
+	bothModes(t, testBridgeKeepsFramesPipelinedWithTheUpgrade)
+}
+
+func testBridgeKeepsFramesPipelinedWithTheUpgrade(t *testing.T) {
 	for _, size := range []int{10, clientReadBufBytes * 5} {
 		_, _, front := setup(t, nil, nil)
 		conn, err := net.Dial("tcp", front.Listener.Addr().String())
@@ -185,55 +189,80 @@ func TestBridgeHandlerReturnsWhileSessionRuns(t *testing.T) {
 	}
 }
 
-func TestReadMessage(t *testing.T) {
+// fragmentFrames is msg as masked client frames of at most frag payload
+// bytes each (frag 0: one frame).
+func fragmentFrames(op byte, msg []byte, frag int) []byte {
+	if frag == 0 || len(msg) <= frag {
+		return clientFrame(op, msg)
+	}
+	var out []byte
+	for first := true; len(msg) > 0; first = false {
+		n := min(frag, len(msg))
+		f := clientFrame(0, msg[:n])
+		if first {
+			f[0] = f[0]&0xF0 | op
+		}
+		if n < len(msg) {
+			f[0] &^= 0x80 // not FIN
+		}
+		out = append(out, f...)
+		msg = msg[n:]
+	}
+	return out
+}
+
+// nextMessage reassembles a message however its frames and the reads below
+// cut it, grows its buffer no further than the limit, and refuses one byte
+// more than the limit as errTooBig having read no byte past the limit.
+func TestNextMessage(t *testing.T) {
 	const limit = 3000
-	sizes := []int{0, 1, 511, 512, 513, 1024, 2048, limit - 1, limit, limit + 1, limit + 2, 2 * limit}
+	sizes := []int{0, 1, 511, 512, 513, 1024, 2048, limit - 1, limit, limit + 1, 2 * limit}
 	readers := map[string]func([]byte) io.Reader{
 		"whole":    func(p []byte) io.Reader { return bytes.NewReader(p) },
 		"one byte": func(p []byte) io.Reader { return iotest.OneByteReader(bytes.NewReader(p)) },
 		"data+EOF": func(p []byte) io.Reader { return iotest.DataErrReader(bytes.NewReader(p)) },
 	}
 	for name, mk := range readers {
-		for _, start := range []int{0, 512, 1024} {
+		for _, frag := range []int{0, 1000, 512} {
 			for _, n := range sizes {
-				msg := bytes.Repeat([]byte{'m'}, n)
+				msg := make([]byte, n)
 				for i := range msg {
 					msg[i] = byte(i)
 				}
-				got, err := readMessage(mk(msg), make([]byte, 0, start), limit)
-				if err != nil {
-					t.Fatalf("%s/%d/%d: %v", name, start, n, err)
+				wire := fragmentFrames(opBinary, msg, frag)
+				src := &countingReader{r: mk(wire)}
+				l := newLeg(nil, bufio.NewReaderSize(src, 16), true, "client", time.Second)
+				typ, bp, err := l.nextMessage(limit)
+				if n > limit {
+					if !errors.Is(err, errTooBig) {
+						t.Fatalf("%s/%d/%d: %v, want errTooBig", name, frag, n, err)
+					}
+					// At most the read buffer's 16 bytes of read-ahead past the limit.
+					if read := src.n; read > len(wire)-(n-limit)+16 {
+						t.Fatalf("%s/%d/%d: read %d bytes of %d, past the limit", name, frag, n, read, len(wire))
+					}
+					continue
 				}
-				want := msg[:min(n, limit+1)]
-				if !bytes.Equal(got, want) {
-					t.Fatalf("%s/%d/%d: got %d bytes, want %d", name, start, n, len(got), len(want))
+				if err != nil || typ != opBinary || !bytes.Equal(*bp, msg) {
+					t.Fatalf("%s/%d/%d: type %d, %d bytes, %v", name, frag, n, typ, len(*bp), err)
 				}
-				if int64(cap(got)) > limit+1 && cap(got) > start {
-					t.Fatalf("%s/%d/%d: buffer grew to %d, past limit+1", name, start, n, cap(got))
+				if cap(*bp) > max(limit, pooledBufBytes) {
+					t.Fatalf("%s/%d/%d: buffer grew to %d, past the limit", name, frag, n, cap(*bp))
 				}
 			}
 		}
 	}
-	// A buffer larger than the limit (pooled, small MaxMessageBytes) still
-	// reads no more than limit+1 bytes.
-	src := &countingReader{r: bytes.NewReader(make([]byte, 5000))}
-	got, err := readMessage(src, make([]byte, 0, 1024), 100)
-	if err != nil || len(got) != 101 || src.n != 101 {
-		t.Fatalf("small limit: %d bytes returned, %d read, err %v; want 101 and 101", len(got), src.n, err)
-	}
-	// A message that exactly fills the buffer is not copied to find its end.
-	buf := make([]byte, 0, 1024)
-	got, err = readMessage(bytes.NewReader(make([]byte, 1024)), buf, limit)
-	if err != nil || len(got) != 1024 || &got[0] != &buf[:1][0] {
-		t.Fatalf("exact fit: %d bytes, err %v, same buffer %v", len(got), err, err == nil && &got[0] == &buf[:1][0])
-	}
-	// Read errors are returned as they are.
+	// Read errors are returned as they are; a stream ending mid-message is
+	// never a message.
 	boom := errors.New("boom")
-	if _, err := readMessage(iotest.ErrReader(boom), nil, limit); !errors.Is(err, boom) {
+	l := newLeg(nil, bufio.NewReader(iotest.ErrReader(boom)), true, "client", time.Second)
+	if _, _, err := l.nextMessage(limit); !errors.Is(err, boom) {
 		t.Fatalf("error: %v", err)
 	}
-	if _, err := readMessage(io.MultiReader(strings.NewReader(strings.Repeat("x", 600)), iotest.ErrReader(boom)), nil, limit); !errors.Is(err, boom) {
-		t.Fatalf("error after data: %v", err)
+	half := fragmentFrames(opText, []byte(strings.Repeat("x", 600)), 300)
+	l = newLeg(nil, bufio.NewReader(abruptEOF{bytes.NewReader(half[:len(half)/2+10])}), true, "client", time.Second)
+	if _, _, err := l.nextMessage(limit); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a message cut short: %v, want io.ErrUnexpectedEOF", err)
 	}
 }
 
@@ -250,7 +279,9 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // Under a limit smaller than the pooled message buffer the bridge, not the
 // library, still detects the oversize message: both legs get 1009.
-func TestBridgeSmallMessageLimit(t *testing.T) {
+func TestBridgeSmallMessageLimit(t *testing.T) { bothModes(t, testBridgeSmallMessageLimit) }
+
+func testBridgeSmallMessageLimit(t *testing.T) {
 	for _, size := range []int{1001, 5000} {
 		relay, _, front := setup(t, nil, func(o *Options) { o.MaxMessageBytes = 1000 })
 		c := mustDial(t, front, dialOpt{})

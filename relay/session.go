@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,19 +58,20 @@ func forwardClose(err error) closeSpec {
 
 // session is one bridged connection: the client leg, the Relay leg and a
 // pump per direction. Nothing else runs while the session is idle: the
-// keepalives and write deadlines are timers whose callbacks exist only while
-// they fire, because every parked goroutine costs an idle connection at
-// least a stack.
+// keepalives are timers whose callbacks exist only while they fire, and
+// writes are bounded by the connection's write deadline, because every
+// parked goroutine costs an idle connection at least a stack.
 type session struct {
 	b      *Bridge
-	client *websocket.Conn
-	relay  *websocket.Conn
+	client *leg
+	relay  *leg
 	remote string // for logs
 	source string
 	broker bool
 
 	done    chan struct{} // closed when the session starts ending
 	endOnce sync.Once
+	closers sync.WaitGroup // the legs' close handshakes started by end
 	// Set inside endOnce; read after the pumps returned.
 	cause             string
 	toClient, toRelay closeSpec
@@ -94,16 +94,16 @@ type session struct {
 
 	inspected int  // Relay→client pump only
 	authOK    bool // Relay→client pump only
+	// frames is set by the Relay→client pump once the first auth.ok (after
+	// the handoff) went out: from then on both pumps forward frames as they
+	// arrive, each from its next message boundary.
+	frames atomic.Bool
 
 	msgsIn, bytesIn   int64 // client→Relay pump only
 	msgsOut, bytesOut int64 // Relay→client pump only
 }
 
-func newSession(b *Bridge, cl, up *websocket.Conn, remote, source string, broker bool) *session {
-	// The library's own limit sits one byte above ours so that the bridge,
-	// not the library, detects an oversize message and closes both legs.
-	cl.SetReadLimit(b.o.MaxMessageBytes + 1)
-	up.SetReadLimit(b.o.MaxMessageBytes + 1)
+func newSession(b *Bridge, cl, up *leg, remote, source string, broker bool) *session {
 	s := &session{
 		b: b, client: cl, relay: up, remote: remote, source: source, broker: broker,
 		done: make(chan struct{}),
@@ -119,9 +119,9 @@ func (s *session) releaseSlot() {
 	}
 }
 
-// run bridges until both pumps have stopped and every timer callback has
-// returned. The caller's goroutine pumps client→Relay; one more goroutine
-// pumps Relay→client.
+// run bridges until both pumps have stopped, both close handshakes are over
+// and every timer callback has returned. The caller's goroutine pumps
+// client→Relay; one more goroutine pumps Relay→client.
 func (s *session) run() {
 	s.logAt(zerolog.DebugLevel).Msg("relay: bridged")
 	s.startKeepalives()
@@ -133,9 +133,8 @@ func (s *session) run() {
 	}()
 	s.pump(s.client, s.relay, true)
 	pumps.Wait()
-	// A pump that failed to write stops without ending the session (the
-	// reader of the failed leg reports how it ended); if both did, end here.
-	s.end(noStatus, noStatus, "write failed")
+	s.end(noStatus, noStatus, "ended") // each pump ended it already
+	s.closers.Wait()
 	s.stopTimers()
 	s.logAt(zerolog.DebugLevel).
 		Str("cause", s.cause).
@@ -150,8 +149,9 @@ func (s *session) logAt(level zerolog.Level) *zerolog.Event {
 	return s.b.logAt(level, s.remote, s.source)
 }
 
-// end closes both legs once, each with its close frame, and waits for both
-// close handshakes (each bounded by the library: 5 s write, 5 s wait).
+// end starts closing both legs once, each with its close frame; the close
+// handshakes run on their own goroutines (run waits for them) while the
+// pumps keep reading, which is where each peer's close frame arrives.
 func (s *session) end(toClient, toRelay closeSpec, cause string) {
 	s.endOnce.Do(func() {
 		close(s.done)
@@ -160,14 +160,15 @@ func (s *session) end(toClient, toRelay closeSpec, cause string) {
 		// for seconds).
 		s.releaseSlot()
 		s.cause, s.toClient, s.toRelay = cause, toClient, toRelay
-		var wg sync.WaitGroup
-		wg.Add(1)
+		s.closers.Add(2)
 		go func() {
-			defer wg.Done()
-			_ = s.relay.Close(toRelay.code, toRelay.reason)
+			defer s.closers.Done()
+			s.relay.shutdown(toRelay)
 		}()
-		_ = s.client.Close(toClient.code, toClient.reason)
-		wg.Wait()
+		go func() {
+			defer s.closers.Done()
+			s.client.shutdown(toClient)
+		}()
 	})
 }
 
@@ -183,8 +184,7 @@ func (s *session) enterTimer() bool {
 	return true
 }
 
-// stopTimers disarms the keepalives and waits for callbacks still running
-// (a ping in flight returns as soon as its leg is closed, which it is by now).
+// stopTimers disarms the keepalives and waits for callbacks still running.
 func (s *session) stopTimers() {
 	s.timerMu.Lock()
 	s.timersOff = true
@@ -197,10 +197,11 @@ func (s *session) stopTimers() {
 	s.timerWG.Wait()
 }
 
-// Message buffers come from a shared pool and are taken only once a message
-// has started to arrive, so an idle connection holds none. A buffer that grew
-// past retainBufBytes for a large message is dropped afterwards rather than
-// pooled, so one burst of big messages does not pin memory.
+// Message buffers (message mode, before auth.ok) come from a shared pool and
+// are taken only once a message has started to arrive, so an idle
+// connection holds none. A buffer that grew past retainBufBytes for a large
+// message is dropped afterwards rather than pooled, so one burst of big
+// messages does not pin memory.
 const (
 	pooledBufBytes = 8 << 10
 	retainBufBytes = 64 << 10
@@ -211,205 +212,137 @@ var msgBufs = sync.Pool{New: func() any {
 	return &b
 }}
 
-// pump relays messages from src to dst in order, each read whole (bounded by
-// MaxMessageBytes) and written with its own type.
-func (s *session) pump(src, dst *websocket.Conn, toRelay bool) {
+func putMsgBuf(bp *[]byte) {
+	if cap(*bp) <= retainBufBytes {
+		*bp = (*bp)[:0]
+		msgBufs.Put(bp)
+	}
+}
+
+// pump relays src to dst in order until src's stream ends (its close frame,
+// a failure, a protocol error or a message over the limit), then ends the
+// session with the close frames that ending calls for. Until the Relay's
+// first auth.ok a pump reads whole messages so the bridge can observe them;
+// from the next message boundary after it, frames are forwarded as they
+// arrive. Both modes apply the same frame rules (readHeader,
+// nextDataFrame). After the session started ending, what src still sends is
+// read and dropped until its close frame arrives.
+func (s *session) pump(src, dst *leg, toRelay bool) {
 	limit := s.b.o.MaxMessageBytes
-	wd := &writeDeadline{s: s, conn: dst}
-	defer wd.stop()
+	var (
+		st     msgState
+		frames bool    // the current message is forwarded frame by frame
+		bp     *[]byte // the current message, in message mode
+		err    error
+	)
 	for {
-		typ, bp, err := nextMessage(context.Background(), src, limit)
-		if errors.Is(err, errTooBig) {
-			s.end(tooBig, tooBig, "message too big")
-			return
+		start := !st.inMsg
+		var h frameHeader
+		if h, err = src.nextDataFrame(&st, limit); err != nil {
+			break
 		}
-		if err == nil {
-			data := *bp
-			n := int64(len(data))
-			ok := s.forward(wd, typ, data, toRelay)
-			if cap(data) <= retainBufBytes {
-				*bp = data[:0]
-				msgBufs.Put(bp)
+		if start {
+			// The mode is chosen at each message's first frame.
+			frames = s.frames.Load()
+		}
+		if frames {
+			if err = forwardFrame(src, dst, h); err != nil {
+				break
 			}
-			if !ok {
-				return
-			}
-			if toRelay {
-				s.msgsIn++
-				s.bytesIn += n
-			} else {
-				s.msgsOut++
-				s.bytesOut += n
+			if !st.inMsg {
+				s.count(toRelay, st.n)
 			}
 			continue
 		}
-		// src ended: its peer's close frame (already answered by the
-		// library) or a failure. The same code goes to both legs; on src it
-		// only matters when src failed without a close handshake.
+		if bp, err = src.appendPayload(bp, h, limit); err != nil {
+			break
+		}
+		if !st.inMsg {
+			data := *bp
+			s.forward(dst, st.typ, data, toRelay)
+			s.count(toRelay, int64(len(data)))
+			putMsgBuf(bp)
+			bp = nil
+		}
+	}
+	if bp != nil {
+		putMsgBuf(bp)
+	}
+	var perr errProtocol
+	switch {
+	case errors.Is(err, errTooBig):
+		// The rest of the message is read and dropped, so the peer gets
+		// its 1009 rather than a reset.
+		s.end(tooBig, tooBig, "message too big")
+		src.drain()
+	case errors.As(err, &perr):
+		bad := closeSpec{websocket.StatusProtocolError, "protocol error"}
+		if toRelay {
+			s.end(bad, noStatus, "client protocol error")
+		} else {
+			s.end(noStatus, bad, "relay protocol error")
+		}
+	default:
+		// src ended: its peer's close frame or a failure. The same code
+		// goes to both legs; on src it only matters when src failed without
+		// a close handshake.
 		spec := forwardClose(err)
 		cause := "client closed"
 		if !toRelay {
 			cause = "relay closed"
 		}
 		s.end(spec, spec, cause)
-		return
+	}
+	src.markPeerDone()
+}
+
+func (s *session) count(toRelay bool, n int64) {
+	if toRelay {
+		s.msgsIn++
+		s.bytesIn += n
+	} else {
+		s.msgsOut++
+		s.bytesOut += n
 	}
 }
 
-// errTooBig is nextMessage's verdict on a message over the limit.
-var errTooBig = errors.New("relay: message too big")
-
-// nextMessage reads src's next message whole: the bridge's own code on the
-// frame path. The library parses frame headers, answers control frames
-// (also between a message's fragments) and hands over the payload of the
-// message's data frames in order; readMessage counts it across fragments and
-// stops one byte past limit, so a message over limit is errTooBig however
-// its frames declared their lengths. The buffer comes from msgBufs once the
-// message has started (an idle connection holds none) and holds the message
-// on success; after an error it is dropped.
-func nextMessage(ctx context.Context, src *websocket.Conn, limit int64) (websocket.MessageType, *[]byte, error) {
-	typ, rd, err := src.Reader(ctx)
-	if err != nil {
-		return 0, nil, err
+// forward observes one whole message and writes it (or the handoff's
+// result) to the other leg as one frame; data is the pump's buffer and is
+// not retained. A dst that is closing or broken drops it (its reader ends
+// the session).
+func (s *session) forward(dst *leg, typ byte, data []byte, toRelay bool) {
+	select {
+	case <-s.done:
+		return // the session is ending: nothing more crosses
+	default:
 	}
-	bp := msgBufs.Get().(*[]byte)
-	data, err := readMessage(rd, (*bp)[:0], limit)
-	if err != nil {
-		return 0, nil, err
-	}
-	if int64(len(data)) > limit {
-		return 0, nil, errTooBig
-	}
-	*bp = data
-	return typ, bp, nil
-}
-
-// forward observes one message and writes it (or the handoff's result) to
-// the other leg; data is the pump's buffer and is not retained.
-func (s *session) forward(wd *writeDeadline, typ websocket.MessageType, data []byte, toRelay bool) bool {
 	if toRelay {
 		s.observeClient(data)
 	} else {
 		data = s.observeRelay(typ, data)
-	}
-	return wd.write(typ, data)
-}
-
-// readMessage appends the rest of one message to buf, growing it (doubling,
-// never past limit+1) until the message ends or limit+1 bytes are read; more
-// than limit bytes means the message is too big. It never asks rd for more
-// than limit+1 bytes in all, even when buf is larger (a pooled buffer under a
-// small limit): past that the library would enforce its own limit instead.
-func readMessage(rd io.Reader, buf []byte, limit int64) ([]byte, error) {
-	for {
-		end := int(min(int64(cap(buf)), limit+1))
-		if len(buf) == end {
-			if int64(len(buf)) > limit {
-				return buf, nil
-			}
-			// Probe before growing: a message that exactly fills the buffer
-			// (a power-of-two size, or exactly the limit) must not cost a copy.
-			var probe [1]byte
-			n, err := rd.Read(probe[:])
-			if n == 0 {
-				if err == io.EOF {
-					return buf, nil
-				}
-				if err != nil {
-					return buf, err
-				}
-				continue
-			}
-			buf = grow(buf, limit+1)
-			buf = append(buf, probe[0])
-			if err == io.EOF {
-				return buf, nil
-			}
-			if err != nil {
-				return buf, err
-			}
-			continue
-		}
-		n, err := rd.Read(buf[len(buf):end])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
+		if s.authOK && !s.b.o.messagesOnly {
+			// Before auth.ok goes out, so the client's first message after
+			// it is already forwarded as frames.
+			s.frames.Store(true)
 		}
 	}
-}
-
-// grow returns buf with double its capacity (at least 512 bytes), capped at
-// ceiling.
-func grow(buf []byte, ceiling int64) []byte {
-	n := min(max(int64(cap(buf))*2, 512), ceiling)
-	nb := make([]byte, len(buf), n)
-	copy(nb, buf)
-	return nb
-}
-
-// writeDeadline bounds each write to one leg by WriteTimeout with a single
-// reusable timer per direction: the library would otherwise arm a context
-// timer per frame, and a context per message costs several allocations. On
-// expiry the timer closes the leg, which fails the blocked write, exactly
-// what the library does when a write's context expires.
-type writeDeadline struct {
-	s     *session
-	conn  *websocket.Conn
-	timer *time.Timer
-}
-
-// write sends one message to the leg within WriteTimeout. On failure the leg
-// is unusable; it is closed so its own reader notices and ends the session
-// with the code the leg reported, if any.
-func (w *writeDeadline) write(typ websocket.MessageType, data []byte) bool {
-	if w.timer == nil {
-		w.timer = time.AfterFunc(w.s.b.o.WriteTimeout, w.expire)
-	} else {
-		w.timer.Reset(w.s.b.o.WriteTimeout)
-	}
-	err := w.conn.Write(context.Background(), typ, data)
-	w.timer.Stop()
-	if err != nil {
-		_ = w.conn.CloseNow()
-		return false
-	}
-	return true
-}
-
-func (w *writeDeadline) expire() {
-	if !w.s.enterTimer() {
-		return
-	}
-	defer w.s.timerWG.Done()
-	_ = w.conn.CloseNow()
-}
-
-func (w *writeDeadline) stop() {
-	if w.timer != nil {
-		w.timer.Stop()
-	}
+	_ = dst.writeFrame(typ, data, dst.wt)
 }
 
 // keepalive pings one leg every PingInterval and drops it when PongTimeout
-// passes without a pong since the last one (the deadline of each ping is the
-// previous pong plus PongTimeout, so a dead peer goes 60 s after its last
-// sign of life, not 60 s after the next ping). The dropped leg's reader then
-// ends the session with a close without status on the other leg: the peer
-// vanished, an abnormal closure.
+// passes without a pong since the last one (a dead peer goes PongTimeout
+// after its last sign of life). The dropped leg's reader then ends the
+// session with a close without status on the other leg: the peer vanished,
+// an abnormal closure.
 //
-// It is a timer, not a goroutine: pings follow a ticker's schedule (every
-// PingInterval from the start; a ping that outlasts an interval is followed
-// by the next one at once), and between pings nothing is parked.
+// It is a timer, not a goroutine: it wakes at the next ping slot (every
+// PingInterval from the start) or at the pong deadline, whichever is first,
+// and between wakes nothing is parked. Pongs are read by the leg's pump.
 type keepalive struct {
-	s        *session
-	conn     *websocket.Conn
-	leg      string
-	timer    *time.Timer // set under s.timerMu before the first tick can read it
-	next     time.Time   // the schedule slot the armed timer stands for
-	lastPong time.Time
+	s     *session
+	l     *leg
+	timer *time.Timer // set under s.timerMu before the first tick can read it
+	next  time.Time   // the next ping slot
 }
 
 func (s *session) startKeepalives() {
@@ -417,12 +350,9 @@ func (s *session) startKeepalives() {
 	every := s.b.o.PingInterval
 	s.timerMu.Lock()
 	defer s.timerMu.Unlock()
-	for i, leg := range []struct {
-		c    *websocket.Conn
-		name string
-	}{{s.client, "client"}, {s.relay, "relay"}} {
+	for i, l := range []*leg{s.client, s.relay} {
 		k := &s.keepalives[i]
-		*k = keepalive{s: s, conn: leg.c, leg: leg.name, next: now.Add(every), lastPong: now}
+		*k = keepalive{s: s, l: l, next: now.Add(every)}
 		k.timer = time.AfterFunc(every, k.tick)
 	}
 }
@@ -438,36 +368,33 @@ func (k *keepalive) tick() {
 		return
 	default:
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), k.lastPong.Add(s.b.o.PongTimeout))
-	err := k.conn.Ping(ctx)
-	cancel()
-	if err != nil {
-		select {
-		case <-s.done:
-		default:
-			s.logAt(zerolog.InfoLevel).Str("leg", k.leg).Msg("relay: no pong, dropping connection")
-			_ = k.conn.CloseNow()
-		}
+	o := s.b.o
+	now := time.Now()
+	deadline := time.Unix(0, k.l.lastPong.Load()).Add(o.PongTimeout)
+	if !now.Before(deadline) {
+		s.logAt(zerolog.InfoLevel).Str("leg", k.l.name).Msg("relay: no pong, dropping connection")
+		k.l.drop()
 		return
 	}
-	now := time.Now()
-	k.lastPong = now
-	every := s.b.o.PingInterval
-	k.next = k.next.Add(every)
-	wait := k.next.Sub(now)
-	if wait <= 0 {
-		// Slots went by during the ping: one fires at once, the schedule
-		// resumes at the first slot after now.
-		for !k.next.Add(every).After(now) {
-			k.next = k.next.Add(every)
+	if !now.Before(k.next) {
+		if k.l.writeFrame(opPing, nil, k.l.wt) != nil {
+			return // closing or broken: its reader ends the session
 		}
-		wait = 0
+		// Slots that went by (a ping that waited for the leg's lock) are
+		// skipped: the schedule resumes at the first slot after now.
+		for !k.next.After(now) {
+			k.next = k.next.Add(o.PingInterval)
+		}
+	}
+	wait := k.next.Sub(now)
+	if d := deadline.Sub(now); d < wait {
+		wait = d
 	}
 	// Re-armed under timerMu so stopTimers cannot be overtaken by a late
 	// re-arm; that also orders this tick's fields before the next tick's.
 	s.timerMu.Lock()
 	if !s.timersOff {
-		k.timer.Reset(wait)
+		k.timer.Reset(max(wait, 0))
 	}
 	s.timerMu.Unlock()
 }
@@ -488,8 +415,8 @@ func (s *session) observeClient(data []byte) {
 // observeRelay looks for the Relay's auth verdict among its first text
 // messages: auth.fail counts against the source; the first auth.ok ends
 // inspection and, on broker connections, goes through the handoff.
-func (s *session) observeRelay(typ websocket.MessageType, data []byte) []byte {
-	if typ != websocket.MessageText || s.authOK || s.inspected >= inspectMessages {
+func (s *session) observeRelay(typ byte, data []byte) []byte {
+	if typ != opText || s.authOK || s.inspected >= inspectMessages {
 		return data
 	}
 	s.inspected++

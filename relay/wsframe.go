@@ -2,12 +2,12 @@ package relay
 
 import (
 	"bufio"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -191,7 +191,10 @@ func (l *leg) appendHeader(b []byte, op byte, n int) ([]byte, [4]byte) {
 		b = binary.BigEndian.AppendUint64(b, uint64(n))
 	}
 	if mbit != 0 {
-		binary.LittleEndian.PutUint32(key[:], rand.Uint32())
+		// RFC 6455 wants an unpredictable masking key; crypto/rand costs
+		// nothing here (only frames the bridge writes itself: messages
+		// before the first auth.ok and control frames).
+		rand.Read(key[:])
 		b = append(b, key[:]...)
 	}
 	return b, key

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/hermes-securelink/securelink/internal/acme"
+	"github.com/hermes-securelink/securelink/internal/metrics"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -39,4 +40,39 @@ func (b *Broker) startACME(ctx context.Context) (*acme.Manager, error) {
 			Msg("no certificate yet: every handshake fails with an alert until the CA issues one")
 	}
 	return m, nil
+}
+
+// Certificate reports the tls.acme certificate manager's status while the
+// broker serves with it (false otherwise): its state, expiry, next renewal
+// and failed renewals, for metrics and the operator.
+func (b *Broker) Certificate() (acme.Status, bool) {
+	m := b.acme.Load()
+	if m == nil {
+		return acme.Status{}, false
+	}
+	return m.Status(), true
+}
+
+// RegisterCertificateMetrics exports the tls.acme certificate's expiry and
+// failed renewals (nothing without tls.acme): the broker's public endpoint
+// fails every client once its certificate lapses.
+func (b *Broker) RegisterCertificateMetrics(m *metrics.Front) {
+	if !b.cfg.ACME.On() {
+		return
+	}
+	m.GaugeFunc("securelink_broker_certificate_expiry_timestamp_seconds",
+		"When the broker's tls.acme certificate expires (Unix time); 0 while it waits for its first certificate.", nil,
+		func() float64 {
+			st, ok := b.Certificate()
+			if !ok || st.NotAfter.IsZero() {
+				return 0
+			}
+			return float64(st.NotAfter.Unix())
+		})
+	m.CounterFunc("securelink_broker_acme_renewal_failures_total",
+		"tls.acme renewals of the broker's certificate that failed since it started serving.", nil,
+		func() float64 {
+			st, _ := b.Certificate()
+			return float64(st.RenewalFailures)
+		})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/acme/acmetest"
+	"github.com/hermes-securelink/securelink/internal/metrics"
 	"github.com/hermes-securelink/securelink/pinning"
 )
 
@@ -68,7 +69,23 @@ func TestServeListenerACME(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// While it serves, the certificate's status and metrics are there.
+	st, ok := e.b.Certificate()
+	if !ok || st.State != acme.StateValid || st.NotAfter.Before(time.Now()) {
+		t.Fatalf("Certificate() = %+v, %v", st, ok)
+	}
+	m := metrics.NewFront()
+	e.b.RegisterCertificateMetrics(m)
+	if got := scrapeGauge(t, m, "securelink_broker_certificate_expiry_timestamp_seconds"); got != float64(st.NotAfter.Unix()) {
+		t.Errorf("expiry metric %v, want %d", got, st.NotAfter.Unix())
+	}
+	if got := scrapeGauge(t, m, "securelink_broker_acme_renewal_failures_total"); got != 0 {
+		t.Errorf("renewal failures %v, want 0", got)
+	}
 	stop()
+	if _, ok := e.b.Certificate(); ok {
+		t.Error("Certificate() still reports a manager after ServeListener returned")
+	}
 	client.CloseIdleConnections()
 	// A new broker on the same storage: the stored certificate at once, same key.
 	e.b.Close()
@@ -82,4 +99,27 @@ func TestServeListenerACME(t *testing.T) {
 	if _, err := pinning.Load(pinning.IdentityConfig{StateDir: storage, Mode: pinning.ModeACME, Authority: pinning.Authority{Host: name, Port: 443}}); err != nil {
 		t.Fatalf("the broker's key is not in %s: %v", storage, err)
 	}
+}
+
+// scrapeGauge gathers m and returns the value of the one series name.
+func scrapeGauge(t *testing.T, m *metrics.Front, name string) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
+			continue
+		}
+		mt := mf.GetMetric()[0]
+		if g := mt.GetGauge(); g != nil {
+			return g.GetValue()
+		}
+		if c := mt.GetCounter(); c != nil {
+			return c.GetValue()
+		}
+	}
+	t.Fatalf("no series %s", name)
+	return 0
 }

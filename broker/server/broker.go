@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -37,6 +38,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
 )
 
@@ -45,6 +47,10 @@ import (
 type Broker struct {
 	cfg Config
 	log zerolog.Logger
+
+	// acme is the certificate manager while ServeListener runs with
+	// tls.acme; Certificate reads it for metrics.
+	acme atomic.Pointer[acme.Manager]
 
 	ctx    context.Context // ends when Close gives up waiting for sessions
 	cancel context.CancelFunc

@@ -97,7 +97,8 @@ func (b *Broker) ServeListener(ctx context.Context, ln net.Listener) error {
 				ln.Close()
 				return err
 			}
-			defer m.Close()
+			b.acme.Store(m)
+			defer func() { b.acme.CompareAndSwap(m, nil); m.Close() }()
 			srv.TLSConfig.GetCertificate = m.GetCertificate
 		} else {
 			cert, err := tls.LoadX509KeyPair(b.cfg.TLSCertFile, b.cfg.TLSKeyFile)

@@ -111,6 +111,7 @@ func runBroker(ctx context.Context, path string) error {
 	if cfg.MetricsListen != "" {
 		m := metrics.NewFront()
 		m.RegisterFDUsage("broker")
+		b.RegisterCertificateMetrics(m)
 		m.Register(metrics.BrokerCollector(func() metrics.BrokerStats {
 			st := b.Stats()
 			return metrics.BrokerStats{HostsOnline: st.HostsOnline, ActiveStreams: st.ActiveStreams, QueuedBytes: st.QueuedBytes, Counts: st.Counts}

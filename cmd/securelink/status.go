@@ -47,6 +47,17 @@ func statusCommand() *cli.Command {
 				st.Version, st.StartedAt, st.Authority, st.PinSHA256, st.IdentityChangedAt, ago(st.IdentityChangedAt),
 				up(st.Upstreams["relay"].Available), up(st.Upstreams["api"].Available), up(st.Upstreams["dashboard"].Available),
 				st.Reach.Enabled, st.Reach.State, st.ActiveWebSockets)
+			if r := st.Reach; r.Enabled && (r.PermanentError != "" || r.RetryAt != nil) {
+				next := "unknown"
+				if r.RetryAt != nil {
+					next = r.RetryAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Printf("reach wait   last error %s, next attempt %s", orNone(r.LastError), next)
+				if r.PermanentError != "" {
+					fmt.Printf(" (the broker refused with %s: check reach.host_id and the host token)", r.PermanentError)
+				}
+				fmt.Println()
+			}
 			fmt.Printf("tls          %s, %s", st.TLS.Mode, st.TLS.State)
 			if st.TLS.NotAfter != "" {
 				fmt.Printf(", issuer %s, expires %s", st.TLS.Issuer, st.TLS.NotAfter)

@@ -32,6 +32,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 	"github.com/hermes-securelink/securelink/pinning"
 	"github.com/hermes-securelink/securelink/proxy"
 	"github.com/hermes-securelink/securelink/relay"
@@ -304,7 +305,7 @@ func (in *inner) try(method, path string, body []byte) (int, []byte, error) {
 // relayWS opens /relay/ws over the inner connection and authenticates.
 func (in *inner) relayWS(authFrame string) (*websocket.Conn, []byte) {
 	in.t.Helper()
-	return testenv.RelayWS(in.t, in.tc, fmt.Sprintf("wss://127.0.0.1:%d/relay/ws", frontPort), authFrame)
+	return testfake.RelayWS(in.t, in.tc, fmt.Sprintf("wss://127.0.0.1:%d/relay/ws", frontPort), authFrame)
 }
 
 // ---------------------------------------------------------------------------

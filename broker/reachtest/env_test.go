@@ -499,7 +499,7 @@ func (in *innerConn) get(path string, hdr http.Header) (*http.Response, []byte) 
 // it returns the socket and the Relay's answer.
 func (in *innerConn) relayWS(authFrame string) (*websocket.Conn, []byte) {
 	in.t.Helper()
-	return testenv.RelayWS(in.t, in.tc, fmt.Sprintf("wss://%s:%d/relay/ws", authorityHost, authorityPort), authFrame)
+	return testfake.RelayWS(in.t, in.tc, fmt.Sprintf("wss://%s:%d/relay/ws", authorityHost, authorityPort), authFrame)
 }
 
 // routeCredential is what a phone keeps from its first Relay session

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -22,8 +21,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/broker/client"
 	"github.com/hermes-securelink/securelink/broker/connector"
@@ -124,38 +121,6 @@ func (tap *tlsTap) seen(needle []byte) (found bool, total int) {
 	return found, total
 }
 
-// relayOverConn runs a Relay session's first exchange over conn, an inner
-// TLS connection through the broker, and returns the Relay's answer.
-func relayOverConn(t *testing.T, conn net.Conn, authority string, auth []byte) []byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	used := false
-	ws, _, err := websocket.Dial(ctx, "wss://"+authority+"/relay/ws", &websocket.DialOptions{
-		HTTPClient: &http.Client{Transport: &http.Transport{
-			DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
-				if used {
-					return nil, errors.New("one connection only")
-				}
-				used = true
-				return conn, nil
-			},
-		}},
-	})
-	if err != nil {
-		t.Fatalf("relay upgrade through the broker: %v", err)
-	}
-	defer ws.CloseNow()
-	if err := ws.Write(ctx, websocket.MessageText, auth); err != nil {
-		t.Fatal(err)
-	}
-	_, msg, err := ws.Read(ctx)
-	if err != nil {
-		t.Fatalf("auth answer: %v", err)
-	}
-	return msg
-}
-
 // TestFaultBrokerKill9MidTransfer: a client downloads a large API body
 // through `securelink connect` with a route credential, and the broker
 // process is killed with SIGKILL in the middle. The download fails with an
@@ -245,7 +210,7 @@ func TestFaultBrokerKill9MidTransfer(t *testing.T) {
 	}
 	_, aport, _ := net.SplitHostPort(d.addr)
 	authority := net.JoinHostPort(host, aport)
-	authOK := relayOverConn(t, inner, authority, testfake.AuthFrame(testfake.GoodCode))
+	_, authOK := testfake.RelayWS(t, inner, "wss://"+authority+"/relay/ws", string(testfake.AuthFrame(testfake.GoodCode)))
 	var ok struct {
 		Payload struct {
 			RC *struct {

@@ -258,19 +258,26 @@ func FuzzFrameHeaders(f *testing.F) {
 // forwarded bytes gets: its complete messages, and the error that ended
 // the forwarding.
 func forwardAll(src *leg, limit int64) ([]fuzzMsg, error) {
+	msgs, _, err := forwardAllCounted(src, limit)
+	return msgs, err
+}
+
+// forwardAllCounted is forwardAll, also counting the writes on the
+// forwarded connection.
+func forwardAllCounted(src *leg, limit int64) ([]fuzzMsg, int64, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer ln.Close()
 	out, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	in, err := ln.Accept()
 	if err != nil {
 		out.Close()
-		return nil, err
+		return nil, 0, err
 	}
 	defer in.Close()
 	// The forwarded frames are still masked with the client's key: the far
@@ -288,16 +295,18 @@ func forwardAll(src *leg, limit int64) ([]fuzzMsg, error) {
 			msgs = append(msgs, fuzzMsg{websocket.MessageType(typ), bytes.Clone(*bp)})
 		}
 	}()
-	dst := newLeg(out, nil, false, "relay", 10*time.Second)
+	cc := &countingConn{Conn: out}
+	dst := newLeg(cc, nil, false, "relay", 10*time.Second)
 	var st msgState
 	for {
 		h, ferr := src.nextDataFrame(&st, limit)
 		if ferr == nil {
-			ferr = forwardFrame(src, dst, h)
+			var c frameCount
+			ferr = forwardFrames(src, dst, h, &st, limit, &c)
 		}
 		if ferr != nil {
 			out.Close()
-			return <-got, ferr
+			return <-got, cc.writes.Load(), ferr
 		}
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -109,11 +108,11 @@ func dialRelayWS(ctx context.Context, u string, h http.Header, offered []string)
 	if err := bw.Flush(); err != nil {
 		return nil, nil, err
 	}
-	lr := &io.LimitedReader{R: conn, N: maxUpgradeResponse}
-	br := bufio.NewReaderSize(abruptEOF{lr}, relayReadBufBytes)
+	rr := &relayReader{conn: conn, left: maxUpgradeResponse}
+	br := bufio.NewReaderSize(rr, relayReadBufBytes)
 	resp, err := http.ReadResponse(br, req)
 	if err != nil {
-		if lr.N <= 0 {
+		if rr.left == 0 {
 			err = fmt.Errorf("upgrade response head over %d bytes", maxUpgradeResponse)
 		}
 		return nil, nil, err
@@ -138,10 +137,37 @@ func dialRelayWS(ctx context.Context, u string, h http.Header, offered []string)
 	if ctx.Err() != nil || !stop() {
 		return nil, nil, context.Cause(ctx)
 	}
-	lr.N = math.MaxInt64
+	rr.left = -1
 	_ = conn.SetDeadline(time.Time{})
 	ok = true
 	return &relayConn{conn: abruptEOFConn{conn}, br: br, subprotocol: proto}, resp, nil
+}
+
+// relayReader is what the Relay leg's read buffer reads: the connection,
+// at most left bytes while left >= 0 (the upgrade's response head), then
+// without bound; like every leg (abruptEOF) it reads the connection's end
+// as io.ErrUnexpectedEOF, and so the bound's end too. One type rather than
+// abruptEOF over an io.LimitedReader: every read of the leg passes here.
+type relayReader struct {
+	conn net.Conn
+	left int64
+}
+
+func (r *relayReader) Read(p []byte) (int, error) {
+	if r.left >= 0 {
+		if r.left == 0 {
+			return 0, io.ErrUnexpectedEOF
+		}
+		p = p[:min(int64(len(p)), r.left)]
+	}
+	n, err := r.conn.Read(p)
+	if r.left >= 0 {
+		r.left -= int64(n)
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
 }
 
 // acceptClient answers the client's upgrade (already checked by

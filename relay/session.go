@@ -246,11 +246,11 @@ func (s *session) pump(src, dst *leg, toRelay bool) {
 			frames = s.frames.Load()
 		}
 		if frames {
-			if err = forwardFrame(src, dst, h); err != nil {
+			var c frameCount
+			err = forwardFrames(src, dst, h, &st, limit, &c)
+			s.count(toRelay, c.msgs, c.bytes)
+			if err != nil {
 				break
-			}
-			if !st.inMsg {
-				s.count(toRelay, st.n)
 			}
 			continue
 		}
@@ -260,7 +260,7 @@ func (s *session) pump(src, dst *leg, toRelay bool) {
 		if !st.inMsg {
 			data := *bp
 			s.forward(dst, st.typ, data, toRelay)
-			s.count(toRelay, int64(len(data)))
+			s.count(toRelay, 1, int64(len(data)))
 			putMsgBuf(bp)
 			bp = nil
 		}
@@ -296,12 +296,12 @@ func (s *session) pump(src, dst *leg, toRelay bool) {
 	src.markPeerDone()
 }
 
-func (s *session) count(toRelay bool, n int64) {
+func (s *session) count(toRelay bool, msgs, n int64) {
 	if toRelay {
-		s.msgsIn++
+		s.msgsIn += msgs
 		s.bytesIn += n
 	} else {
-		s.msgsOut++
+		s.msgsOut += msgs
 		s.bytesOut += n
 	}
 }

@@ -78,8 +78,9 @@ type leg struct {
 	wt         time.Duration // bound of each write (Options.WriteTimeout)
 
 	wmu       sync.Mutex
-	closeSent bool // under wmu
-	broken    bool // under wmu: a write failed, nothing more may be written
+	wdl       time.Time // under wmu: the write deadline set on conn for wt (writeLocked)
+	closeSent bool      // under wmu
+	broken    bool      // under wmu: a write failed, nothing more may be written
 
 	skip int64 // reader only: payload bytes left unread by errTooBig
 
@@ -96,61 +97,89 @@ func newLeg(conn net.Conn, br *bufio.Reader, fromClient bool, name string, wt ti
 
 func (l *leg) markPeerDone() { l.peerDoneOnce.Do(func() { close(l.peerDone) }) }
 
-// readHeader reads and checks one frame header.
+// readHeader reads and checks one frame header. The header is parsed in
+// place in the leg's read buffer (parseHeader) and consumed only once it is
+// whole and valid.
 func (l *leg) readHeader() (frameHeader, error) {
-	var h frameHeader
-	if _, err := io.ReadFull(l.br, h.raw[:2]); err != nil {
+	b, err := l.br.Peek(2)
+	if err != nil {
+		return frameHeader{}, err
+	}
+	h, need, err := parseHeader(b, l.fromClient)
+	if err == nil && need > 0 {
+		if b, err = l.br.Peek(need); err != nil {
+			return h, err
+		}
+		h, _, err = parseHeader(b, l.fromClient)
+	}
+	if err != nil {
 		return h, err
 	}
-	b0, b1 := h.raw[0], h.raw[1]
+	_, _ = l.br.Discard(h.rawLen)
+	return h, nil
+}
+
+// parseHeader parses and checks the frame header at the start of b, the
+// bytes of a leg whose peer is a client when fromClient. When b holds only
+// part of the header (at least its first two bytes), need is the header's
+// whole length and h is not yet usable; errors come as soon as the bytes in
+// b show one. It is the one parser of frame headers: readHeader uses it on
+// the leg's read buffer, and the frame forwarder on frames it finds whole
+// in that buffer.
+func parseHeader(b []byte, fromClient bool) (h frameHeader, need int, err error) {
+	if len(b) < 2 {
+		return h, 2, nil
+	}
+	b0, b1 := b[0], b[1]
 	h.fin, h.op, h.masked = b0&0x80 != 0, b0&0x0F, b1&0x80 != 0
-	n := 2
 	if b0&0x70 != 0 {
-		return h, errProtocol{"reserved bits set (no extension was negotiated)"}
+		return h, 0, errProtocol{"reserved bits set (no extension was negotiated)"}
 	}
 	switch h.op {
 	case opContinuation, opText, opBinary, opClose, opPing, opPong:
 	default:
-		return h, errProtocol{fmt.Sprintf("unknown opcode %#x", h.op)}
+		return h, 0, errProtocol{fmt.Sprintf("unknown opcode %#x", h.op)}
 	}
-	switch length := b1 & 0x7F; length {
-	case 126:
-		if _, err := io.ReadFull(l.br, h.raw[n:n+2]); err != nil {
-			return h, err
+	if h.masked != fromClient {
+		if fromClient {
+			return h, 0, errProtocol{"client frame not masked"}
 		}
-		h.length = int64(binary.BigEndian.Uint16(h.raw[n:]))
+		return h, 0, errProtocol{"server frame masked"}
+	}
+	length := b1 & 0x7F
+	n := 2
+	switch length {
+	case 126:
 		n += 2
 	case 127:
-		if _, err := io.ReadFull(l.br, h.raw[n:n+8]); err != nil {
-			return h, err
-		}
-		v := binary.BigEndian.Uint64(h.raw[n:])
+		n += 8
+	}
+	if h.masked {
+		n += 4
+	}
+	if len(b) < n {
+		return h, n, nil
+	}
+	switch length {
+	case 126:
+		h.length = int64(binary.BigEndian.Uint16(b[2:]))
+	case 127:
+		v := binary.BigEndian.Uint64(b[2:])
 		if v > 1<<63-1 {
-			return h, errProtocol{"frame length has its top bit set"}
+			return h, 0, errProtocol{"frame length has its top bit set"}
 		}
 		h.length = int64(v)
-		n += 8
 	default:
 		h.length = int64(length)
 	}
-	if h.masked != l.fromClient {
-		if l.fromClient {
-			return h, errProtocol{"client frame not masked"}
-		}
-		return h, errProtocol{"server frame masked"}
+	if h.op >= opClose && (!h.fin || h.length > 125) {
+		return h, 0, errProtocol{"control frame fragmented or longer than 125 bytes"}
 	}
 	if h.masked {
-		if _, err := io.ReadFull(l.br, h.raw[n:n+4]); err != nil {
-			return h, err
-		}
-		copy(h.key[:], h.raw[n:n+4])
-		n += 4
+		copy(h.key[:], b[n-4:n])
 	}
-	h.rawLen = n
-	if h.op >= opClose && (!h.fin || h.length > 125) {
-		return h, errProtocol{"control frame fragmented or longer than 125 bytes"}
-	}
-	return h, nil
+	h.rawLen = copy(h.raw[:], b[:n])
+	return h, 0, nil
 }
 
 // mask XORs p with key, starting at key offset pos; it returns the next offset.
@@ -220,16 +249,34 @@ func (l *leg) lockWrite() error {
 	return nil
 }
 
-// write writes p under the held write lock within timeout; a failure marks
-// the leg broken and closes its connection, so its own reader notices.
+// writeLocked writes p under the held write lock within timeout; a failure
+// marks the leg broken and closes its connection, so its own reader
+// notices. For the leg's own bound (wt) the deadline is moved only when
+// less than wt is left on it, to wt plus deadlineSlack from now: each write
+// still has at least wt and at most wt plus the slack, and a busy leg
+// re-arms its deadline timer about once per slack instead of per frame.
 func (l *leg) writeLocked(p []byte, timeout time.Duration) error {
-	_ = l.conn.SetWriteDeadline(time.Now().Add(timeout))
+	now := time.Now()
+	switch {
+	case timeout != l.wt:
+		l.wdl = time.Time{}
+		_ = l.conn.SetWriteDeadline(now.Add(timeout))
+	case l.wdl.Sub(now) < timeout:
+		l.wdl = now.Add(timeout + deadlineSlack(timeout))
+		_ = l.conn.SetWriteDeadline(l.wdl)
+	}
 	if _, err := l.conn.Write(p); err != nil {
 		l.broken = true
 		_ = l.conn.Close()
 		return err
 	}
 	return nil
+}
+
+// deadlineSlack is how far past its bound a write's deadline may lie: an
+// eighth of the bound, at most a second.
+func deadlineSlack(bound time.Duration) time.Duration {
+	return min(bound/8, time.Second)
 }
 
 // writeFrame writes one unfragmented frame the bridge composed (a message
@@ -346,25 +393,47 @@ func (l *leg) nextDataFrame(st *msgState, limit int64) (frameHeader, error) {
 			}
 			continue
 		}
-		if h.op == opContinuation {
-			if !st.inMsg {
-				return h, errProtocol{"continuation frame outside a message"}
+		if err := st.check(h, limit); err != nil {
+			if errors.Is(err, errTooBig) {
+				l.skip = h.length
 			}
-		} else {
-			if st.inMsg {
-				return h, errProtocol{"new message inside a fragmented message"}
-			}
-			st.inMsg, st.typ, st.n = true, h.op, 0
+			return h, err
 		}
-		if h.length > limit-st.n {
-			l.skip = h.length
-			return h, errTooBig
-		}
-		st.n += h.length
-		if h.fin {
-			st.inMsg = false
-		}
+		st.take(h)
 		return h, nil
+	}
+}
+
+// check applies the message rules to the data frame h, next in the stream,
+// without taking it: a continuation only inside a message, a new message
+// only outside one, and at most limit payload bytes per message counted
+// over the declared lengths of its frames (errTooBig).
+func (st *msgState) check(h frameHeader, limit int64) error {
+	n := st.n
+	if h.op == opContinuation {
+		if !st.inMsg {
+			return errProtocol{"continuation frame outside a message"}
+		}
+	} else {
+		if st.inMsg {
+			return errProtocol{"new message inside a fragmented message"}
+		}
+		n = 0
+	}
+	if h.length > limit-n {
+		return errTooBig
+	}
+	return nil
+}
+
+// take moves st past the data frame h, which check accepted.
+func (st *msgState) take(h frameHeader) {
+	if h.op != opContinuation {
+		st.inMsg, st.typ, st.n = true, h.op, 0
+	}
+	st.n += h.length
+	if h.fin {
+		st.inMsg = false
 	}
 }
 
@@ -451,15 +520,34 @@ func (l *leg) appendPayload(bp *[]byte, h frameHeader, limit int64) (*[]byte, er
 	return bp, nil
 }
 
-// forwardFrame copies one data frame whose header src has just read (h) to
-// dst as it came: the header bytes and the payload unchanged (masked from a
-// client, unmasked from the Relay), chunk by chunk, the first chunk carrying
-// the header. A dst that is closing or broken gets nothing: the payload is
-// read and dropped, so src's reader reaches its close frame. It returns an
-// error only for a failed read of src.
-func forwardFrame(src, dst *leg, h frameHeader) error {
+// frameCount counts the messages a pump completed and their declared bytes.
+type frameCount struct {
+	msgs  int64
+	bytes int64
+}
+
+// frameDone counts the message st just finished, if the last frame ended it.
+func (c *frameCount) frameDone(st *msgState) {
+	if !st.inMsg {
+		c.msgs++
+		c.bytes += st.n
+	}
+}
+
+// forwardFrames copies the data frame whose header src has just read (h,
+// already through st) to dst as it came: the header bytes and the payload
+// unchanged (masked from a client, unmasked from the Relay), chunk by chunk,
+// the first chunk carrying the header. The data frames after it that src's
+// read buffer already holds whole go out in the same write when the message
+// rules accept them (appendBuffered): a burst of small frames is one write,
+// one TLS record toward the client. A dst that is closing or broken gets
+// nothing: the payload is read and dropped, so src's reader reaches its
+// close frame. It returns an error only for a failed read of src; c counts
+// the messages the forwarded frames completed.
+func forwardFrames(src, dst *leg, h frameHeader, st *msgState, limit int64, c *frameCount) error {
 	if err := dst.lockWrite(); err != nil {
 		_, err := io.CopyN(io.Discard, src.br, h.length)
+		c.frameDone(st)
 		return err
 	}
 	defer dst.wmu.Unlock()
@@ -480,7 +568,12 @@ func forwardFrame(src, dst *leg, h frameHeader) error {
 			return err
 		}
 		left -= int64(take)
-		if dst.writeLocked(buf[:n+take], dst.wt) != nil {
+		n += take
+		if left == 0 {
+			c.frameDone(st)
+			n = src.appendBuffered(buf, n, st, limit, c)
+		}
+		if dst.writeLocked(buf[:n], dst.wt) != nil {
 			_, err := io.CopyN(io.Discard, src.br, left)
 			return err
 		}
@@ -489,6 +582,30 @@ func forwardFrame(src, dst *leg, h frameHeader) error {
 			return nil
 		}
 		n = 0
+	}
+}
+
+// appendBuffered moves the data frames at the head of the leg's read buffer
+// that are there whole (header and payload) onto buf[:n], as long as they
+// fit and st's message rules accept them, and returns the new length. It
+// never reads: it stops at the first frame not buffered whole, a control
+// frame (the pump's next nextDataFrame handles it, after this write) or a
+// frame the rules refuse (nextDataFrame reports it the same way).
+func (l *leg) appendBuffered(buf []byte, n int, st *msgState, limit int64, c *frameCount) int {
+	for {
+		p, _ := l.br.Peek(l.br.Buffered())
+		h, need, err := parseHeader(p, l.fromClient)
+		if err != nil || need > 0 || h.op >= opClose || st.check(h, limit) != nil {
+			return n
+		}
+		size := int64(h.rawLen) + h.length
+		if size > int64(len(p)) || size > int64(len(buf)-n) {
+			return n
+		}
+		n += copy(buf[n:], p[:size])
+		_, _ = l.br.Discard(int(size))
+		st.take(h)
+		c.frameDone(st)
 	}
 }
 

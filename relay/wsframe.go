@@ -78,9 +78,9 @@ type leg struct {
 	wt         time.Duration // bound of each write (Options.WriteTimeout)
 
 	wmu       sync.Mutex
-	wdl       time.Time // under wmu: the write deadline set on conn for wt (writeLocked)
-	closeSent bool      // under wmu
-	broken    bool      // under wmu: a write failed, nothing more may be written
+	wdl       time.Duration // under wmu: the write deadline set on conn for wt, since monoBase; 0: none
+	closeSent bool          // under wmu
+	broken    bool          // under wmu: a write failed, nothing more may be written
 
 	skip int64 // reader only: payload bytes left unread by errTooBig
 
@@ -101,10 +101,11 @@ func (l *leg) markPeerDone() { l.peerDoneOnce.Do(func() { close(l.peerDone) }) }
 // place in the leg's read buffer (parseHeader) and consumed only once it is
 // whole and valid.
 func (l *leg) readHeader() (frameHeader, error) {
-	b, err := l.br.Peek(2)
-	if err != nil {
+	if _, err := l.br.Peek(2); err != nil {
 		return frameHeader{}, err
 	}
+	// Usually the whole header is buffered already: one parse.
+	b, _ := l.br.Peek(l.br.Buffered())
 	h, need, err := parseHeader(b, l.fromClient)
 	if err == nil && need > 0 {
 		if b, err = l.br.Peek(need); err != nil {
@@ -256,14 +257,14 @@ func (l *leg) lockWrite() error {
 // still has at least wt and at most wt plus the slack, and a busy leg
 // re-arms its deadline timer about once per slack instead of per frame.
 func (l *leg) writeLocked(p []byte, timeout time.Duration) error {
-	now := time.Now()
+	now := time.Since(monoBase)
 	switch {
 	case timeout != l.wt:
-		l.wdl = time.Time{}
-		_ = l.conn.SetWriteDeadline(now.Add(timeout))
-	case l.wdl.Sub(now) < timeout:
-		l.wdl = now.Add(timeout + deadlineSlack(timeout))
-		_ = l.conn.SetWriteDeadline(l.wdl)
+		l.wdl = 0
+		_ = l.conn.SetWriteDeadline(monoBase.Add(now + timeout))
+	case l.wdl-now < timeout:
+		l.wdl = now + timeout + deadlineSlack(timeout)
+		_ = l.conn.SetWriteDeadline(monoBase.Add(l.wdl))
 	}
 	if _, err := l.conn.Write(p); err != nil {
 		l.broken = true
@@ -272,6 +273,10 @@ func (l *leg) writeLocked(p []byte, timeout time.Duration) error {
 	}
 	return nil
 }
+
+// monoBase anchors the legs' write deadlines: time.Since(monoBase) reads the
+// monotonic clock only, where time.Now also reads the wall clock.
+var monoBase = time.Now()
 
 // deadlineSlack is how far past its bound a write's deadline may lie: an
 // eighth of the bound, at most a second.

@@ -140,7 +140,7 @@ func dialRelayWS(ctx context.Context, u string, h http.Header, offered []string)
 	rr.left = -1
 	_ = conn.SetDeadline(time.Time{})
 	ok = true
-	return &relayConn{conn: abruptEOFConn{conn}, br: br, subprotocol: proto}, resp, nil
+	return &relayConn{conn: conn, br: br, subprotocol: proto}, resp, nil
 }
 
 // relayReader is what the Relay leg's read buffer reads: the connection,

@@ -185,3 +185,9 @@ func headerNames(h http.Header) []string {
 	}
 	return out
 }
+
+// abruptEOFConn is a connection whose reads end as a leg's do (abruptEOF),
+// for tests that build legs over plain connections.
+type abruptEOFConn struct{ net.Conn }
+
+func (c abruptEOFConn) Read(p []byte) (int, error) { return abruptEOF{c.Conn}.Read(p) }

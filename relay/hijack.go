@@ -32,7 +32,8 @@ func findHijacker(w http.ResponseWriter) (http.Hijacker, bool) {
 // the server's 4 KiB pair. Bytes the server had already read past the
 // request (a client may send its first frame without waiting for the 101)
 // move into the new read buffer; anything the server still buffered for
-// writing is flushed first. The connection reads its end as abruptEOF.
+// writing is flushed first. The reader reads the connection's end as
+// io.ErrUnexpectedEOF (abruptEOF); writes go to the connection itself.
 func hijackSmall(hj http.Hijacker) (net.Conn, *bufio.Reader, error) {
 	conn, brw, err := hj.Hijack()
 	if err != nil {
@@ -44,13 +45,12 @@ func hijackSmall(hj http.Hijacker) (net.Conn, *bufio.Reader, error) {
 			return nil, nil, err
 		}
 	}
-	conn = abruptEOFConn{conn}
-	var src io.Reader = conn
+	var src io.Reader = abruptEOF{conn}
 	size := clientReadBufBytes
 	n := brw.Reader.Buffered()
 	if n > 0 {
 		pending, _ := brw.Reader.Peek(n)
-		src = io.MultiReader(bytes.NewReader(bytes.Clone(pending)), conn)
+		src = io.MultiReader(bytes.NewReader(bytes.Clone(pending)), src)
 		size = max(size, n)
 	}
 	br := bufio.NewReaderSize(src, size)
@@ -78,8 +78,3 @@ func (a abruptEOF) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// abruptEOFConn is a leg's connection with abruptEOF's reads.
-type abruptEOFConn struct{ net.Conn }
-
-func (c abruptEOFConn) Read(p []byte) (int, error) { return abruptEOF{c.Conn}.Read(p) }

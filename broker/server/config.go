@@ -132,6 +132,11 @@ type Config struct {
 	// often. Default 1 min.
 	SweepInterval time.Duration
 
+	// Shared, when set, is the cluster's shared state (cluster mode,
+	// shared.go): state_file is then neither read nor written. Set by the
+	// caller (broker/cluster builds it from the `cluster:` block), not YAML.
+	Shared Shared
+
 	// ACMERenewalWindowRatio and ACMERenewCheckInterval shorten certmagic's
 	// renewal schedule (acme.Options); for tests, zero in production.
 	ACMERenewalWindowRatio float64

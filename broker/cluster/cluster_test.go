@@ -1,0 +1,455 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
+	"github.com/hermes-securelink/securelink/broker/server"
+	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// rig is three real brokers (wss:// on 127.0.0.1) sharing one hosts file
+// and a three-node JetStream cluster with R=3 buckets; each broker's NATS
+// connection prefers a different node.
+type rig struct {
+	t       *testing.T
+	nats    *natsCluster
+	brokers []*testenv.Broker
+	shared  []*State
+	hostID  wire.ID
+	token   wire.Secret
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	r := &rig{t: t, nats: startNATSCluster(t)}
+	hostsFile := filepath.Join(t.TempDir(), "hosts.json")
+	id, tok, err := store.AddHost(hostsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.hostID, err = wire.ParseID(id); err != nil {
+		t.Fatal(err)
+	}
+	r.token = tok
+	for i := 0; i < 3; i++ {
+		urls := r.nats.urls()
+		urls[0], urls[i] = urls[i], urls[0]
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		st, err := Open(ctx, Options{
+			InstanceID: fmt.Sprintf("b%d", i), URLs: urls, BucketPrefix: "reach",
+			Replicas: 3, Timeout: 2 * time.Second,
+		})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		r.shared = append(r.shared, st)
+		r.brokers = append(r.brokers, testenv.StartBroker(t, testenv.BrokerOptions{Mutate: func(c *server.Config) {
+			c.HostsFile = hostsFile
+			c.Shared = st
+		}}))
+	}
+	return r
+}
+
+// peer is one WebSocket to a broker, read by a goroutine.
+type peer struct {
+	t  *testing.T
+	c  *websocket.Conn
+	ch chan result
+}
+
+type result struct {
+	typ  websocket.MessageType
+	data []byte
+	err  error
+}
+
+func (r *rig) dial(i int) *peer {
+	t := r.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Step)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: r.brokers[i].Pool}}}
+	c, _, err := websocket.Dial(ctx, r.brokers[i].URL(), &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		t.Fatalf("dial broker %d: %v", i, err)
+	}
+	c.SetReadLimit(4 << 20)
+	p := &peer{t: t, c: c, ch: make(chan result, 256)}
+	t.Cleanup(func() { c.CloseNow() })
+	go func() {
+		for {
+			typ, data, err := c.Read(context.Background())
+			p.ch <- result{typ, data, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return p
+}
+
+func (p *peer) send(typ websocket.MessageType, b []byte) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Step)
+	defer cancel()
+	if err := p.c.Write(ctx, typ, b); err != nil {
+		p.t.Fatalf("write: %v", err)
+	}
+}
+
+func (p *peer) sendMsg(m wire.Message) {
+	p.t.Helper()
+	b, err := wire.Marshal(m)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.send(websocket.MessageText, b)
+}
+
+func (p *peer) read() result {
+	p.t.Helper()
+	select {
+	case r := <-p.ch:
+		return r
+	case <-time.After(testenv.Step):
+		p.t.Fatalf("nothing arrived within %v", testenv.Step)
+		return result{}
+	}
+}
+
+// msg reads one control message (a close fails the test). A host's
+// binary frames in between (CLOSE of probe streams) are skipped.
+func (p *peer) msg() wire.Message {
+	p.t.Helper()
+	r := p.read()
+	for r.err == nil && r.typ == websocket.MessageBinary {
+		r = p.read()
+	}
+	if r.err != nil || r.typ != websocket.MessageText {
+		p.t.Fatalf("expected a text message, got %v %q %v", r.typ, r.data, r.err)
+	}
+	m, err := wire.ParseBrokerMessage(r.data)
+	if err != nil {
+		p.t.Fatalf("%q: %v", r.data, err)
+	}
+	return m
+}
+
+// hostOn registers the rig's host on broker i and returns its socket.
+func (r *rig) hostOn(i int) *peer {
+	r.t.Helper()
+	h := r.dial(i)
+	h.sendMsg(wire.Register{Role: wire.RoleHost, HostID: r.hostID, ConnectionID: wire.NewID(), CredentialKind: wire.KindHost, Token: r.token})
+	if _, ok := h.msg().(wire.Registered); !ok {
+		r.t.Fatalf("host not registered on broker %d", i)
+	}
+	return h
+}
+
+// reply reads a host's answer to a control message, past the open
+// messages of streams the test does not follow.
+func (p *peer) reply() wire.Message {
+	p.t.Helper()
+	for {
+		m := p.msg()
+		if _, open := m.(wire.Open); !open {
+			return m
+		}
+	}
+}
+
+func (r *rig) publishRoute(h *peer, credID string, tok wire.Secret) {
+	r.t.Helper()
+	h.sendMsg(wire.PublishRoute{CredentialID: credID, TokenSHA256: wire.TokenDigest(string(tok)),
+		ExpiresAt: time.Now().Add(time.Hour).Unix(), DeviceIDHash: wire.TokenDigest("device")})
+	if m := h.reply(); m != (wire.Published{CredentialKind: wire.KindRoute, Label: credID}) {
+		r.t.Fatalf("route %s not published: %#v", credID, m)
+	}
+}
+
+func (r *rig) publishBootstrap(h *peer, pairingID string, tok wire.Secret) {
+	r.t.Helper()
+	h.sendMsg(wire.PublishBootstrap{PairingID: pairingID, TokenSHA256: wire.TokenDigest(string(tok)),
+		ExpiresAt: time.Now().Add(10 * time.Minute).Unix()})
+	if m := h.reply(); m != (wire.Published{CredentialKind: wire.KindBootstrap, Label: pairingID}) {
+		r.t.Fatalf("bootstrap %s not published: %#v", pairingID, m)
+	}
+}
+
+// client registers a client on broker i and returns its socket and the
+// first message it got (matched or error).
+func (r *rig) client(i int, kind wire.Kind, tok wire.Secret, conn wire.ID) (*peer, wire.Message) {
+	r.t.Helper()
+	c := r.dial(i)
+	c.sendMsg(wire.Register{Role: wire.RoleClient, HostID: r.hostID, ConnectionID: conn, CredentialKind: kind, Token: tok})
+	return c, c.msg()
+}
+
+func code(m wire.Message) wire.Code {
+	if e, ok := m.(wire.ErrorMsg); ok {
+		return e.Code
+	}
+	return ""
+}
+
+// matched expects a match of a client on broker i and the host's open for
+// it; it returns the client and the stream id.
+func (r *rig) matched(h *peer, i int, kind wire.Kind, tok wire.Secret) (*peer, wire.ID) {
+	r.t.Helper()
+	return r.matchedConn(h, i, kind, tok, wire.NewID())
+}
+
+func (r *rig) matchedConn(h *peer, i int, kind wire.Kind, tok wire.Secret, conn wire.ID) (*peer, wire.ID) {
+	r.t.Helper()
+	c, m := r.client(i, kind, tok, conn)
+	mm, ok := m.(wire.Matched)
+	if !ok {
+		r.t.Fatalf("client on broker %d not matched: %#v", i, m)
+	}
+	if o, ok := h.msg().(wire.Open); !ok || o.StreamID != mm.StreamID {
+		r.t.Fatalf("host did not get open for %v", mm.StreamID)
+	}
+	return c, mm.StreamID
+}
+
+// echo relays payload from the client to the host and back, and checks
+// the bytes on both sides.
+func echo(t *testing.T, h, c *peer, id wire.ID, payload []byte) {
+	t.Helper()
+	c.send(websocket.MessageBinary, payload)
+	var got []byte
+	for len(got) < len(payload) {
+		r := h.read()
+		if r.err != nil || r.typ != websocket.MessageBinary {
+			t.Fatalf("host: %v %q %v", r.typ, r.data, r.err)
+		}
+		f, err := wire.ParseFrame(r.data)
+		if err == nil && f.StreamID != id {
+			continue // another stream's CLOSE
+		}
+		if err != nil || f.Flags != wire.FlagData {
+			t.Fatalf("host frame: %v %+v", err, f)
+		}
+		got = append(got, f.Payload...)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatalf("host got %d bytes, not the client's %d", len(got), len(payload))
+	}
+	frame, err := wire.AppendFrame(nil, wire.Frame{Flags: wire.FlagData, StreamID: id, Payload: payload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.send(websocket.MessageBinary, frame)
+	got = got[:0]
+	for len(got) < len(payload) {
+		r := c.read()
+		if r.err != nil || r.typ != websocket.MessageBinary {
+			t.Fatalf("client: %v %v", r.typ, r.err)
+		}
+		got = append(got, r.data...)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatal("client got other bytes than the host sent")
+	}
+}
+
+// mirrored waits until broker i's mirror has tok's credential: a client
+// presenting it with a fresh connection_id stops being `unauthorized`.
+// Only routes are probed this way (a probe of a bootstrap would use it).
+func (r *rig) mirrored(h *peer, i int, tok wire.Secret) {
+	r.t.Helper()
+	testenv.WaitFor(r.t, fmt.Sprintf("broker %d mirrors the route", i), func() bool {
+		c, m := r.client(i, wire.KindRoute, tok, wire.NewID())
+		defer c.c.CloseNow()
+		if mm, ok := m.(wire.Matched); ok {
+			if o, ok := h.msg().(wire.Open); !ok || o.StreamID != mm.StreamID {
+				r.t.Fatalf("host did not get open")
+			}
+			// Leave the stream to the host's CLOSE: the test host ignores it.
+			return true
+		}
+		return code(m) != wire.CodeUnauthorized
+	})
+}
+
+func payload(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + 3)
+	}
+	return b
+}
+
+// TestClusterRules: the credential rules of spec/reach.md across three
+// instances sharing one engine.
+func TestClusterRules(t *testing.T) {
+	r := newRig(t)
+	route := wire.Secret("route-" + testenv.RandomSecret(""))
+	hA := r.hostOn(0)
+	r.publishRoute(hA, "dev1", route)
+
+	// A connection_id accepted on A is replayed on B and C.
+	conn := wire.NewID()
+	cA, id := r.matchedConn(hA, 0, wire.KindRoute, route, conn)
+	echo(t, hA, cA, id, payload(70_000))
+	for i := 1; i < 3; i++ {
+		if _, m := r.client(i, wire.KindRoute, route, conn); code(m) != wire.CodeReplayed {
+			t.Fatalf("connection_id reused on broker %d: %#v, want replayed", i, m)
+		}
+	}
+
+	// The host also holds a registration on B (the route published on A
+	// reaches B's mirror); a bootstrap published through both and
+	// presented to A and B at once opens exactly one stream.
+	hB := r.hostOn(1)
+	r.mirrored(hB, 1, route)
+	boot := wire.Secret("boot-" + testenv.RandomSecret(""))
+	r.publishBootstrap(hA, "pair1", boot)
+	r.publishBootstrap(hB, "pair1", boot)
+	var wg sync.WaitGroup
+	results := make([]wire.Message, 2)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := r.dial(i)
+			c.sendMsg(wire.Register{Role: wire.RoleClient, HostID: r.hostID, ConnectionID: wire.NewID(), CredentialKind: wire.KindBootstrap, Token: boot})
+			rr := <-c.ch
+			if rr.err != nil {
+				return
+			}
+			results[i], _ = wire.ParseBrokerMessage(rr.data)
+		}()
+	}
+	wg.Wait()
+	wins := 0
+	for i, m := range results {
+		switch {
+		case m == nil:
+			t.Fatalf("bootstrap client %d got no answer", i)
+		case code(m) == wire.CodeReplayed:
+		default:
+			if _, ok := m.(wire.Matched); !ok {
+				t.Fatalf("bootstrap client %d: %#v", i, m)
+			}
+			wins++
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("a bootstrap opened %d streams across two instances, want exactly 1", wins)
+	}
+	// And a third instance refuses it too.
+	if _, m := r.client(2, wire.KindBootstrap, boot, wire.NewID()); code(m) != wire.CodeReplayed && code(m) != wire.CodeHostOffline {
+		t.Fatalf("consumed bootstrap on C: %#v", m)
+	}
+
+	// A revoke on A closes the credential's stream on B and refuses it on
+	// every instance.
+	route2 := wire.Secret("route-" + testenv.RandomSecret(""))
+	r.publishRoute(hA, "dev2", route2)
+	drainOpens(hA)
+	drainOpens(hB)
+	r.mirrored(hB, 1, route2)
+	drainOpens(hB)
+	cB, id := r.matched(hB, 1, wire.KindRoute, route2)
+	echo(t, hB, cB, id, payload(1000))
+	hA.sendMsg(wire.Revoke{CredentialID: "dev2"})
+	if m, ok := hA.reply().(wire.Revoked); !ok || m.CredentialID != "dev2" {
+		t.Fatalf("revoke: %#v", m)
+	}
+	if rr := cB.read(); websocket.CloseStatus(rr.err) != websocket.StatusPolicyViolation {
+		t.Fatalf("stream of the revoked route on B: %v %v, want close 1008", rr.typ, rr.err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, m := r.client(i, wire.KindRoute, route2, wire.NewID()); code(m) != wire.CodeRevoked && code(m) != wire.CodeHostOffline {
+			t.Fatalf("revoked route on broker %d: %#v", i, m)
+		}
+	}
+
+	// One NATS node down: every instance still records matches.
+	r.nats.stop(0)
+	for i := 0; i < 2; i++ {
+		drainOpens(hA)
+		c, id := r.matched(hA, 0, wire.KindRoute, route)
+		echo(t, hA, c, id, payload(5000))
+	}
+	drainOpens(hB)
+	c, id := r.matched(hB, 1, wire.KindRoute, route)
+	echo(t, hB, c, id, payload(5000))
+
+	// The engine unreachable: a match and a publish answer `unavailable`,
+	// never a silent accept.
+	r.nats.stop(1)
+	r.nats.stop(2)
+	if _, m := r.client(0, wire.KindRoute, route, wire.NewID()); code(m) != wire.CodeUnavailable {
+		t.Fatalf("match without the engine: %#v, want unavailable", m)
+	}
+	hA.sendMsg(wire.PublishRoute{CredentialID: "dev3", TokenSHA256: wire.TokenDigest("x"),
+		ExpiresAt: time.Now().Add(time.Hour).Unix(), DeviceIDHash: wire.TokenDigest("device")})
+	if m := hA.reply(); code(m) != wire.CodeUnavailable {
+		t.Fatalf("publish without the engine: %#v, want unavailable", m)
+	}
+}
+
+// drainOpens discards the open messages of probe streams queued for h.
+func drainOpens(h *peer) {
+	for {
+		select {
+		case rr := <-h.ch:
+			if rr.err != nil {
+				h.t.Fatalf("host socket ended: %v", rr.err)
+			}
+		case <-time.After(50 * time.Millisecond):
+			return
+		}
+	}
+}
+
+// TestClusterHostMovesWhenInstanceStops: the instance holding the host's
+// socket stops mid-transfer; the host registers on another instance and
+// its credentials, published on the first, work there without being
+// published again; what the first accepted stays refused.
+func TestClusterHostMovesWhenInstanceStops(t *testing.T) {
+	r := newRig(t)
+	route := wire.Secret("route-" + testenv.RandomSecret(""))
+	hA := r.hostOn(0)
+	r.publishRoute(hA, "dev1", route)
+	conn := wire.NewID()
+	cA, id := r.matchedConn(hA, 0, wire.KindRoute, route, conn)
+	echo(t, hA, cA, id, payload(200_000))
+	cA.send(websocket.MessageBinary, payload(10_000)) // in flight when A stops
+	if err := r.brokers[0].Halt(); err != nil {
+		t.Fatal(err)
+	}
+	for rr := cA.read(); rr.err == nil; rr = cA.read() {
+	}
+	for rr := hA.read(); rr.err == nil; rr = hA.read() {
+	}
+
+	hB := r.hostOn(1)
+	c, id := r.matched(hB, 1, wire.KindRoute, route)
+	echo(t, hB, c, id, payload(300_000))
+	if _, m := r.client(2, wire.KindRoute, route, conn); code(m) != wire.CodeReplayed {
+		t.Fatalf("connection_id accepted on the stopped instance, reused on C: %#v", m)
+	}
+	// A restarted instance loads the shared state and serves the host.
+	r.brokers[0].Start()
+	hA2 := r.hostOn(0)
+	c, id = r.matched(hA2, 0, wire.KindRoute, route)
+	echo(t, hA2, c, id, payload(1000))
+}

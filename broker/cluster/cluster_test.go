@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -27,6 +28,9 @@ type rig struct {
 	nats    *natsCluster
 	brokers []*testenv.Broker
 	shared  []*State
+	owners  []*Owners
+	peerLn  []string             // each instance's peer listener address
+	peerEnd []context.CancelFunc // stops the running ServePeer
 	hostID  wire.ID
 	token   wire.Secret
 }
@@ -43,6 +47,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	r.token = tok
+	ca := newPeerCA(t)
 	for i := 0; i < 3; i++ {
 		urls := r.nats.urls()
 		urls[0], urls[i] = urls[i], urls[0]
@@ -57,12 +62,52 @@ func newRig(t *testing.T) *rig {
 		}
 		t.Cleanup(st.Close)
 		r.shared = append(r.shared, st)
+		name := fmt.Sprintf("b%d", i)
+		cert, key := ca.issue(name)
+		r.peerLn = append(r.peerLn, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		ow, err := st.OpenOwners(context.Background(), PeerOptions{
+			Advertise: r.peerLn[i], CertFile: cert, KeyFile: key, CAFile: ca.CAFile, OwnerTTL: 3 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ow.Close)
+		r.owners = append(r.owners, ow)
 		r.brokers = append(r.brokers, testenv.StartBroker(t, testenv.BrokerOptions{Mutate: func(c *server.Config) {
 			c.HostsFile = hostsFile
 			c.Shared = st
+			c.Forward = ow
 		}}))
+		r.peerEnd = append(r.peerEnd, nil)
+		r.servePeer(i)
 	}
+	t.Cleanup(func() {
+		for i := range r.peerEnd {
+			r.stopPeer(i)
+		}
+	})
 	return r
+}
+
+// servePeer serves broker i's running instance on its peer listener.
+func (r *rig) servePeer(i int) {
+	r.t.Helper()
+	ln, err := net.Listen("tcp", r.peerLn[i])
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	ow, b := r.owners[i], r.brokers[i].B
+	go func() { defer close(done); ow.ServePeer(ctx, b, ln) }()
+	r.peerEnd[i] = func() { cancel(); <-done }
+}
+
+func (r *rig) stopPeer(i int) {
+	if r.peerEnd[i] != nil {
+		r.peerEnd[i]()
+		r.peerEnd[i] = nil
+	}
 }
 
 // peer is one WebSocket to a broker, read by a goroutine.
@@ -287,6 +332,9 @@ func (r *rig) mirrored(h *peer, i int, tok wire.Secret) {
 	})
 }
 
+// mirroredOps counts the changes of other instances broker i applied.
+func (r *rig) mirroredOps(i int) int64 { return r.brokers[i].B.Stats().Counts["cluster:mirrored"] }
+
 func payload(n int) []byte {
 	b := make([]byte, n)
 	for i := range b {
@@ -318,40 +366,18 @@ func TestClusterRules(t *testing.T) {
 	// presented to A and B at once opens exactly one stream.
 	hB := r.hostOn(1)
 	r.mirrored(hB, 1, route)
-	boot := wire.Secret("boot-" + testenv.RandomSecret(""))
-	r.publishBootstrap(hA, "pair1", boot)
-	r.publishBootstrap(hB, "pair1", boot)
-	var wg sync.WaitGroup
-	results := make([]wire.Message, 2)
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := r.dial(i)
-			c.sendMsg(wire.Register{Role: wire.RoleClient, HostID: r.hostID, ConnectionID: wire.NewID(), CredentialKind: wire.KindBootstrap, Token: boot})
-			rr := <-c.ch
-			if rr.err != nil {
-				return
-			}
-			results[i], _ = wire.ParseBrokerMessage(rr.data)
-		}()
-	}
-	wg.Wait()
-	wins := 0
-	for i, m := range results {
-		switch {
-		case m == nil:
-			t.Fatalf("bootstrap client %d got no answer", i)
-		case code(m) == wire.CodeReplayed:
-		default:
-			if _, ok := m.(wire.Matched); !ok {
-				t.Fatalf("bootstrap client %d: %#v", i, m)
-			}
-			wins++
+	// Several rounds, the two registrations sent at the same moment on
+	// sockets already open, so both instances run the matching order
+	// before either has seen the other's use.
+	var boot wire.Secret
+	for round := 0; round < 8; round++ {
+		boot = wire.Secret("boot-" + testenv.RandomSecret(""))
+		pid := fmt.Sprintf("pair%d", round)
+		r.publishBootstrap(hA, pid, boot)
+		r.publishBootstrap(hB, pid, boot)
+		if wins := r.raceBootstrap(boot, 0, 1); wins != 1 {
+			t.Fatalf("round %d: a bootstrap opened %d streams across two instances, want exactly 1", round, wins)
 		}
-	}
-	if wins != 1 {
-		t.Fatalf("a bootstrap opened %d streams across two instances, want exactly 1", wins)
 	}
 	// And a third instance refuses it too.
 	if _, m := r.client(2, wire.KindBootstrap, boot, wire.NewID()); code(m) != wire.CodeReplayed && code(m) != wire.CodeHostOffline {
@@ -360,21 +386,7 @@ func TestClusterRules(t *testing.T) {
 
 	// A revoke on A closes the credential's stream on B and refuses it on
 	// every instance.
-	route2 := wire.Secret("route-" + testenv.RandomSecret(""))
-	r.publishRoute(hA, "dev2", route2)
-	drainOpens(hA)
-	drainOpens(hB)
-	r.mirrored(hB, 1, route2)
-	drainOpens(hB)
-	cB, id := r.matched(hB, 1, wire.KindRoute, route2)
-	echo(t, hB, cB, id, payload(1000))
-	hA.sendMsg(wire.Revoke{CredentialID: "dev2"})
-	if m, ok := hA.reply().(wire.Revoked); !ok || m.CredentialID != "dev2" {
-		t.Fatalf("revoke: %#v", m)
-	}
-	if rr := cB.read(); websocket.CloseStatus(rr.err) != websocket.StatusPolicyViolation {
-		t.Fatalf("stream of the revoked route on B: %v %v, want close 1008", rr.typ, rr.err)
-	}
+	route2 := r.revokeCloses(hA, hB, 1)
 	for i := 0; i < 3; i++ {
 		if _, m := r.client(i, wire.KindRoute, route2, wire.NewID()); code(m) != wire.CodeRevoked && code(m) != wire.CodeHostOffline {
 			t.Fatalf("revoked route on broker %d: %#v", i, m)
@@ -406,6 +418,75 @@ func TestClusterRules(t *testing.T) {
 	}
 }
 
+// revokeCloses publishes route credential dev2 through host socket pub,
+// opens a stream of it through instance i (whose host socket is h), has pub
+// revoke it and expects the stream closed with 1008. It returns the token.
+func (r *rig) revokeCloses(pub, h *peer, i int) wire.Secret {
+	r.t.Helper()
+	tok := wire.Secret("route-" + testenv.RandomSecret(""))
+	r.publishRoute(pub, "dev2", tok)
+	drainOpens(pub)
+	drainOpens(h)
+	r.mirrored(h, i, tok)
+	drainOpens(h)
+	c, id := r.matched(h, i, wire.KindRoute, tok)
+	echo(r.t, h, c, id, payload(1000))
+	pub.sendMsg(wire.Revoke{CredentialID: "dev2"})
+	if m, ok := pub.reply().(wire.Revoked); !ok || m.CredentialID != "dev2" {
+		r.t.Fatalf("revoke: %#v", m)
+	}
+	if rr := c.read(); websocket.CloseStatus(rr.err) != websocket.StatusPolicyViolation {
+		r.t.Fatalf("stream of the revoked route through broker %d: %v %v, want close 1008", i, rr.typ, rr.err)
+	}
+	return tok
+}
+
+// raceBootstrap presents bootstrap tok on the given instances at the same
+// moment (sockets dialed first) and counts the matches; every other answer
+// must be `replayed`.
+func (r *rig) raceBootstrap(tok wire.Secret, instances ...int) int {
+	r.t.Helper()
+	peers := make([]*peer, len(instances))
+	for k, i := range instances {
+		peers[k] = r.dial(i)
+	}
+	start := make(chan struct{})
+	results := make([]result, len(peers))
+	var wg sync.WaitGroup
+	for k, p := range peers {
+		msg, _ := wire.Marshal(wire.Register{Role: wire.RoleClient, HostID: r.hostID, ConnectionID: wire.NewID(), CredentialKind: wire.KindBootstrap, Token: tok})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			p.c.Write(context.Background(), websocket.MessageText, msg)
+			select {
+			case results[k] = <-p.ch:
+			case <-time.After(testenv.Step):
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	wins := 0
+	for k, rr := range results {
+		m, err := wire.ParseBrokerMessage(rr.data)
+		switch {
+		case rr.err != nil || err != nil:
+			r.t.Fatalf("bootstrap client on broker %d: %v %v", instances[k], rr.err, err)
+		case code(m) == wire.CodeReplayed:
+		default:
+			if _, ok := m.(wire.Matched); !ok {
+				r.t.Fatalf("bootstrap client on broker %d: %#v", instances[k], m)
+			}
+			wins++
+		}
+		p := peers[k]
+		p.c.CloseNow()
+	}
+	return wins
+}
+
 // drainOpens discards the open messages of probe streams queued for h.
 func drainOpens(h *peer) {
 	for {
@@ -432,24 +513,79 @@ func TestClusterHostMovesWhenInstanceStops(t *testing.T) {
 	conn := wire.NewID()
 	cA, id := r.matchedConn(hA, 0, wire.KindRoute, route, conn)
 	echo(t, hA, cA, id, payload(200_000))
+	// A client that landed on C is relayed to A, the host's instance.
+	cC, idC := r.matched(hA, 2, wire.KindRoute, route)
+	echo(t, hA, cC, idC, payload(100_000))
 	cA.send(websocket.MessageBinary, payload(10_000)) // in flight when A stops
+	cC.send(websocket.MessageBinary, payload(10_000))
+	r.stopPeer(0)
 	if err := r.brokers[0].Halt(); err != nil {
 		t.Fatal(err)
+	}
+	for rr := cC.read(); rr.err == nil; rr = cC.read() {
 	}
 	for rr := cA.read(); rr.err == nil; rr = cA.read() {
 	}
 	for rr := hA.read(); rr.err == nil; rr = hA.read() {
 	}
 
+	// The host registers on B; clients reach it through B and C.
 	hB := r.hostOn(1)
 	c, id := r.matched(hB, 1, wire.KindRoute, route)
+	echo(t, hB, c, id, payload(300_000))
+	c, id = r.matched(hB, 2, wire.KindRoute, route)
 	echo(t, hB, c, id, payload(300_000))
 	if _, m := r.client(2, wire.KindRoute, route, conn); code(m) != wire.CodeReplayed {
 		t.Fatalf("connection_id accepted on the stopped instance, reused on C: %#v", m)
 	}
 	// A restarted instance loads the shared state and serves the host.
 	r.brokers[0].Start()
+	r.servePeer(0)
+	c, id = r.matched(hB, 0, wire.KindRoute, route)
+	echo(t, hB, c, id, payload(1000))
 	hA2 := r.hostOn(0)
 	c, id = r.matched(hA2, 0, wire.KindRoute, route)
 	echo(t, hA2, c, id, payload(1000))
+}
+
+// TestClusterForwarding: clients that land on instances not holding their
+// host are relayed to its owner; the owner applies the rules, so a
+// bootstrap presented through two other instances at once opens one
+// stream, and a revoke closes the forwarded stream.
+func TestClusterForwarding(t *testing.T) {
+	r := newRig(t)
+	route := wire.Secret("route-" + testenv.RandomSecret(""))
+	if _, m := r.client(1, wire.KindRoute, route, wire.NewID()); code(m) != wire.CodeUnauthorized {
+		t.Fatalf("unknown route: %#v", m)
+	}
+	hA := r.hostOn(0)
+	r.publishRoute(hA, "dev1", route)
+	r.mirrored(hA, 1, route)
+	r.mirrored(hA, 2, route)
+	drainOpens(hA)
+	for i := 1; i < 3; i++ {
+		c, id := r.matched(hA, i, wire.KindRoute, route)
+		echo(t, hA, c, id, payload(250_000))
+	}
+
+	boot := wire.Secret("boot-" + testenv.RandomSecret(""))
+	// Both B and C must know the bootstrap before the race: a
+	// publication not mirrored yet is refused `unauthorized`.
+	before := []int64{r.mirroredOps(1), r.mirroredOps(2)}
+	r.publishBootstrap(hA, "pair1", boot)
+	testenv.WaitFor(t, "B and C mirror the bootstrap", func() bool {
+		return r.mirroredOps(1) > before[0] && r.mirroredOps(2) > before[1]
+	})
+	if wins := r.raceBootstrap(boot, 1, 2); wins != 1 {
+		t.Fatalf("a bootstrap opened %d streams through two instances, want exactly 1", wins)
+	}
+
+	r.revokeCloses(hA, hA, 2)
+
+	// The host leaves: other instances answer host_offline.
+	hA.c.Close(websocket.StatusNormalClosure, "")
+	testenv.WaitFor(t, "host_offline through B", func() bool {
+		_, m := r.client(1, wire.KindRoute, route, wire.NewID())
+		return code(m) == wire.CodeHostOffline
+	})
 }

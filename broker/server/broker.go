@@ -326,6 +326,8 @@ func (b *Broker) serveHost(ctx context.Context, c msgconn.Conn, reg wire.Registe
 	}
 	b.count("host:registered")
 	h.log.Info().Str("remote", c.RemoteAddr()).Msg("host registered")
+	b.holdHost(ctx, h)
+	defer b.releaseHost(h)
 	c.SetReadLimit(wire.MaxHostFrameIn)
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -391,6 +393,10 @@ func (b *Broker) hostTokenOKLocked(id wire.ID, d wire.Digest) bool {
 func (b *Broker) serveClient(ctx context.Context, c msgconn.Conn, reg wire.Register) {
 	s, err := b.match(ctx, c, reg)
 	if err != nil {
+		if errors.Is(err, errNotHere) {
+			b.forward(ctx, c, reg)
+			return
+		}
 		if errors.Is(err, errShuttingDown) {
 			c.Close(wire.CloseGoingAway, "shutting down")
 			return
@@ -421,7 +427,7 @@ const replaySeconds = int64(wire.ReplayTTL / time.Second)
 // client is answered `unavailable`, so a restart can never accept the token
 // again and a stream never opens on a use that was not recorded.
 func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (*stream, error) {
-	if b.cfg.Shared != nil {
+	if b.cfg.Shared != nil && !forwarded(ctx) {
 		if err := b.claimID(ctx, reg.ConnectionID); err != nil {
 			return nil, err
 		}
@@ -429,7 +435,7 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 	now := b.cfg.now()
 	d := wire.TokenDigest(string(reg.Token))
 	b.mu.Lock()
-	cred, h, err := b.admitLocked(reg, d, now)
+	cred, h, err := b.admitLocked(reg, d, now, forwarded(ctx))
 	if err != nil {
 		b.mu.Unlock()
 		return nil, err
@@ -485,7 +491,7 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 // admitLocked (b.mu held) runs the checks of the matching order and, when
 // they pass, records the connection_id. It returns the credential and the
 // host to open the stream on.
-func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time) (store.Credential, *hostSession, error) {
+func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time, forwarded bool) (store.Credential, *hostSession, error) {
 	sec := now.Unix()
 	fail := func(code wire.Code, detail string) (store.Credential, *hostSession, error) {
 		return store.Credential{}, nil, &wire.Error{Code: code, Detail: detail}
@@ -514,6 +520,9 @@ func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time) (s
 	}
 	h := b.hosts[reg.HostID]
 	if h == nil {
+		if b.cfg.Forward != nil && !forwarded {
+			return store.Credential{}, nil, errNotHere // on another instance, perhaps
+		}
 		return fail(wire.CodeHostOffline, "host not online")
 	}
 	h.mu.Lock()

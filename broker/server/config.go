@@ -136,6 +136,9 @@ type Config struct {
 	// shared.go): state_file is then neither read nor written. Set by the
 	// caller (broker/cluster builds it from the `cluster:` block), not YAML.
 	Shared Shared
+	// Forward, with Shared, relays clients to the instance holding their
+	// host (forward.go); nil: a host not registered here is host_offline.
+	Forward Forwarder
 
 	// ACMERenewalWindowRatio and ACMERenewCheckInterval shorten certmagic's
 	// renewal schedule (acme.Options); for tests, zero in production.

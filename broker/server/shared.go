@@ -111,6 +111,7 @@ func (b *Broker) applyShared(op store.Op) {
 	if !b.state.ApplyOp(op, now) {
 		b.count("cluster:table_full")
 	}
+	b.count("cluster:mirrored")
 	if op.Kind == store.OpRevoked {
 		for _, h := range b.hosts {
 			h.mu.Lock()

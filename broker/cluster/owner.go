@@ -100,13 +100,7 @@ func (s *State) OpenOwners(ctx context.Context, opt PeerOptions) (*Owners, error
 			Certificates: []tls.Certificate{cert}, RootCAs: pool, NextProtos: []string{"http/1.1"},
 		},
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*s.opt.Timeout)
-	defer cancel()
-	o.owner, err = s.js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{
-		Bucket: s.opt.BucketPrefix + "-owner", Replicas: s.opt.Replicas,
-		Storage: jetstream.FileStorage, History: 1, LimitMarkerTTL: time.Minute,
-	})
-	if err != nil {
+	if o.owner, err = createBucket(ctx, s.js, s.opt, "owner"); err != nil {
 		return nil, fmt.Errorf("cluster: owner bucket: %w", err)
 	}
 	rctx, stop := context.WithCancel(context.Background())

@@ -108,16 +108,7 @@ func Open(ctx context.Context, opt Options) (*State, error) {
 		return nil, err
 	}
 	bucket := func(name string) (jetstream.KeyValue, error) {
-		cctx, cancel := context.WithTimeout(ctx, 5*opt.Timeout)
-		defer cancel()
-		return s.js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{
-			Bucket:   opt.BucketPrefix + "-" + name,
-			Replicas: opt.Replicas,
-			Storage:  jetstream.FileStorage,
-			History:  1,
-			// Per-key TTLs need markers; a marker lives this long.
-			LimitMarkerTTL: time.Minute,
-		})
+		return createBucket(ctx, s.js, opt, name)
 	}
 	if s.state, err = bucket("state"); err == nil {
 		s.replay, err = bucket("replay")
@@ -127,6 +118,33 @@ func Open(ctx context.Context, opt Options) (*State, error) {
 		return nil, fmt.Errorf("cluster: buckets: %w", err)
 	}
 	return s, nil
+}
+
+// createBucket creates (or updates) bucket <prefix>-name with the
+// cluster's settings. A JetStream cluster that is still forming answers
+// "no suitable peers" for a while: that is retried for up to
+// 5 × engine_timeout.
+func createBucket(ctx context.Context, js jetstream.JetStream, opt Options, name string) (jetstream.KeyValue, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*opt.Timeout)
+	defer cancel()
+	for {
+		kv, err := js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{
+			Bucket:   opt.BucketPrefix + "-" + name,
+			Replicas: opt.Replicas,
+			Storage:  jetstream.FileStorage,
+			History:  1,
+			// Per-key TTLs need markers; a marker lives this long.
+			LimitMarkerTTL: time.Minute,
+		})
+		if err == nil || cctx.Err() != nil {
+			return kv, err
+		}
+		select {
+		case <-cctx.Done():
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // Close disconnects from the engine.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -56,7 +57,9 @@ func newEngineRig(t *testing.T, hostsFile string) *rig {
 	return r
 }
 
-func newRig(t *testing.T) *rig {
+// newRig starts three in-process brokers; ownerTTL is their owner lease
+// (renewed every third of it).
+func newRig(t *testing.T, ownerTTL time.Duration) *rig {
 	t.Helper()
 	hostsFile := filepath.Join(t.TempDir(), "hosts.json")
 	r := newEngineRig(t, hostsFile)
@@ -79,9 +82,15 @@ func newRig(t *testing.T) *rig {
 		r.shared = append(r.shared, st)
 		name := fmt.Sprintf("b%d", i)
 		cert, key := ca.issue(name)
-		r.peerLn = append(r.peerLn, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		// Bound now and kept for the first ServePeer, so the advertised
+		// port cannot be taken in between.
+		pln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.peerLn = append(r.peerLn, pln.Addr().String())
 		ow, err := st.OpenOwners(context.Background(), PeerOptions{
-			Advertise: r.peerLn[i], CertFile: cert, KeyFile: key, CAFile: ca.CAFile, OwnerTTL: 3 * time.Second,
+			Advertise: r.peerLn[i], CertFile: cert, KeyFile: key, CAFile: ca.CAFile, OwnerTTL: ownerTTL,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +108,7 @@ func newRig(t *testing.T) *rig {
 		}
 		r.pool.AddCert(leaf)
 		r.peerEnd = append(r.peerEnd, nil)
-		r.servePeer(i)
+		r.servePeerOn(i, pln)
 	}
 	t.Cleanup(func() {
 		for i := range r.peerEnd {
@@ -109,13 +118,18 @@ func newRig(t *testing.T) *rig {
 	return r
 }
 
-// servePeer serves broker i's running instance on its peer listener.
+// servePeer serves broker i's running instance on its peer address again
+// (after a restart).
 func (r *rig) servePeer(i int) {
 	r.t.Helper()
 	ln, err := net.Listen("tcp", r.peerLn[i])
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	r.servePeerOn(i, ln)
+}
+
+func (r *rig) servePeerOn(i int, ln net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	ow, b := r.owners[i], r.brokers[i].B
@@ -366,7 +380,10 @@ func payload(n int) []byte {
 // TestClusterRules: the credential rules of spec/reach.md across three
 // instances sharing one engine.
 func TestClusterRules(t *testing.T) {
-	r := newRig(t)
+	// The host holds registrations on A and B at once below, the window
+	// of a takeover; a long lease keeps A from closing its own (newest
+	// wins, TestClusterForwarding) while the test runs.
+	r := newRig(t, 10*time.Minute)
 	route := wire.Secret("route-" + testenv.RandomSecret(""))
 	hA := r.hostOn(0)
 	r.publishRoute(hA, "dev1", route)
@@ -550,7 +567,7 @@ func drainOpens(h *peer) {
 // its credentials, published on the first, work there without being
 // published again; what the first accepted stays refused.
 func TestClusterHostMovesWhenInstanceStops(t *testing.T) {
-	r := newRig(t)
+	r := newRig(t, 3*time.Second)
 	route := wire.Secret("route-" + testenv.RandomSecret(""))
 	hA := r.hostOn(0)
 	r.publishRoute(hA, "dev1", route)
@@ -597,7 +614,7 @@ func TestClusterHostMovesWhenInstanceStops(t *testing.T) {
 // bootstrap presented through two other instances at once opens one
 // stream, and a revoke closes the forwarded stream.
 func TestClusterForwarding(t *testing.T) {
-	r := newRig(t)
+	r := newRig(t, 3*time.Second)
 	route := wire.Secret("route-" + testenv.RandomSecret(""))
 	if _, m := r.client(1, wire.KindRoute, route, wire.NewID()); code(m) != wire.CodeUnauthorized {
 		t.Fatalf("unknown route: %#v", m)
@@ -626,8 +643,24 @@ func TestClusterForwarding(t *testing.T) {
 
 	r.revokeCloses(hA, hA, 2)
 
+	// A newer registration on B wins: A closes its socket with
+	// `replaced` at its next lease renewal, and clients through A reach B.
+	hB := r.hostOn(1)
+	for {
+		rr := hA.read()
+		if rr.err != nil {
+			var ce websocket.CloseError
+			if !errors.As(rr.err, &ce) || ce.Code != websocket.StatusNormalClosure || ce.Reason != wire.CloseReasonReplaced {
+				t.Fatalf("A's host socket: %v, want close 1000 %q", rr.err, wire.CloseReasonReplaced)
+			}
+			break
+		}
+	}
+	c, id := r.matched(hB, 0, wire.KindRoute, route)
+	echo(t, hB, c, id, payload(10_000))
+
 	// The host leaves: other instances answer host_offline.
-	hA.c.Close(websocket.StatusNormalClosure, "")
+	hB.c.Close(websocket.StatusNormalClosure, "")
 	testenv.WaitFor(t, "host_offline through B", func() bool {
 		_, m := r.client(1, wire.KindRoute, route, wire.NewID())
 		return code(m) == wire.CodeHostOffline

@@ -55,8 +55,10 @@ type Owners struct {
 }
 
 type lease struct {
-	conn wire.ID
-	rev  uint64
+	conn    wire.ID
+	rev     uint64 // of the last write; 0 when Hold's write failed
+	writing bool   // Hold's write is in flight: renewals wait for it
+	lost    func()
 }
 
 type ownerRecord struct {
@@ -134,16 +136,20 @@ func (o *Owners) write(ctx context.Context, host, conn wire.ID, expect uint64) (
 
 // Hold takes host's lease for registration conn: the newest registration
 // wins, on whichever instance it landed.
-func (o *Owners) Hold(ctx context.Context, host, conn wire.ID) error {
+func (o *Owners) Hold(ctx context.Context, host, conn wire.ID, lost func()) error {
 	o.mu.Lock()
-	o.held[host] = lease{conn: conn}
+	o.held[host] = lease{conn: conn, lost: lost, writing: true}
 	o.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
 	defer cancel()
 	rev, err := o.write(cctx, host, conn, 0)
 	o.mu.Lock()
-	if l, ok := o.held[host]; ok && l.conn == conn && err == nil {
-		o.held[host] = lease{conn: conn, rev: rev}
+	if l, ok := o.held[host]; ok && l.conn == conn {
+		l.writing = false
+		if err == nil {
+			l.rev = rev
+		}
+		o.held[host] = l
 	}
 	o.mu.Unlock()
 	return err
@@ -168,8 +174,11 @@ func (o *Owners) Release(host, conn wire.ID) {
 }
 
 // renew rewrites every held lease at its revision every OwnerTTL/3. A
-// lease someone else rewrote (the host registered on another instance) is
-// dropped here; a failed write is retried at the next tick.
+// lease someone else rewrote (the host registered on another instance), or
+// that expired while the engine could not be written, is dropped and its
+// registration told (lost: the broker closes it with `replaced`, and the
+// host registers again wherever it lands); a failed write is retried at
+// the next tick.
 func (o *Owners) renew(ctx context.Context) {
 	defer close(o.done)
 	t := time.NewTicker(o.opt.OwnerTTL / 3)
@@ -187,22 +196,35 @@ func (o *Owners) renew(ctx context.Context) {
 		}
 		o.mu.Unlock()
 		for h, l := range held {
+			if l.writing {
+				continue
+			}
+			// A lease whose first write failed is written afresh (rev 0);
+			// if a newer registration elsewhere is overwritten, that
+			// instance's next renewal sees it and closes its socket, and
+			// the host registers again: newest wins once more.
 			wctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
 			rev, err := o.write(wctx, h, l.conn, l.rev)
 			cancel()
 			var api *jetstream.APIError
+			var lost func()
 			o.mu.Lock()
 			switch {
 			case err == nil:
 				if cur, ok := o.held[h]; ok && cur.conn == l.conn {
-					o.held[h] = lease{conn: l.conn, rev: rev}
+					cur.rev = rev
+					o.held[h] = cur
 				}
 			case errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
 				if cur, ok := o.held[h]; ok && cur.conn == l.conn && cur.rev == l.rev {
 					delete(o.held, h) // another instance holds it now
+					lost = cur.lost
 				}
 			}
 			o.mu.Unlock()
+			if lost != nil {
+				lost()
+			}
 		}
 	}
 }

@@ -17,8 +17,10 @@ import (
 // implements it.
 type Forwarder interface {
 	// Hold records that this instance holds host's registration conn (an
-	// owner lease the implementation renews until Release).
-	Hold(ctx context.Context, host, conn wire.ID) error
+	// owner lease the implementation renews until Release). lost is
+	// called (once, from another goroutine) when a renewal finds the lease
+	// taken by a newer registration elsewhere or gone.
+	Hold(ctx context.Context, host, conn wire.ID, lost func()) error
 	// Release ends the lease of registration conn, if it is still the
 	// recorded one.
 	Release(host, conn wire.ID)
@@ -54,7 +56,12 @@ func (b *Broker) holdHost(ctx context.Context, h *hostSession) {
 	if b.cfg.Forward == nil {
 		return
 	}
-	if err := b.cfg.Forward.Hold(ctx, h.id, h.connID); err != nil {
+	lost := func() {
+		b.count("host:replaced")
+		h.log.Info().Msg("host registration replaced by a newer one on another instance")
+		b.endHost(h, hostEnd{code: wire.CloseNormal, reason: wire.CloseReasonReplaced})
+	}
+	if err := b.cfg.Forward.Hold(ctx, h.id, h.connID, lost); err != nil {
 		b.count("cluster:engine_error")
 		h.log.Warn().Msg("the host's owner lease could not be written; clients on other instances do not reach it until the renewal succeeds")
 	}

@@ -59,7 +59,7 @@ type Broker struct {
 	bg       sync.WaitGroup
 	sessions sync.WaitGroup
 
-	persist *store.Persister
+	persist stateWriter // the state file's Persister, or sharedWriter in cluster mode
 	budget  budget
 	// coalesce holds ClientWriteChunk-sized buffers for client messages
 	// made of several queued payloads; only writers busy writing hold one.
@@ -102,15 +102,18 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w (create it with `securelink broker add-host`)", err)
 	}
-	if err := atomicfile.CheckWriter(filepath.Dir(cfg.StateFile)); err != nil {
-		return nil, fmt.Errorf("broker: state_file: %w", err)
-	}
-	if err := store.CheckStateDir(filepath.Dir(cfg.StateFile)); err != nil {
-		return nil, fmt.Errorf("broker: state_file: %w", err)
-	}
-	snap, info, err := store.LoadStateInfo(cfg.StateFile)
-	if err != nil {
-		return nil, fmt.Errorf("broker: %w", err)
+	var snap store.Snapshot
+	var info store.LoadInfo
+	if cfg.Shared == nil { // cluster mode: the engine holds the state (shared.go)
+		if err := atomicfile.CheckWriter(filepath.Dir(cfg.StateFile)); err != nil {
+			return nil, fmt.Errorf("broker: state_file: %w", err)
+		}
+		if err := store.CheckStateDir(filepath.Dir(cfg.StateFile)); err != nil {
+			return nil, fmt.Errorf("broker: state_file: %w", err)
+		}
+		if snap, info, err = store.LoadStateInfo(cfg.StateFile); err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
 	}
 	if info.TornBytes > 0 {
 		log.Warn().Int("bytes", info.TornBytes).Msg("state journal ends in a write torn by a crash; it was never acknowledged and is ignored")
@@ -145,8 +148,17 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 	var bgCtx context.Context
 	bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	state.EnableJournal()
-	b.persist = store.NewPersister(cfg.StateFile, snap.Seq, b.take, b.written, log)
-	b.persist.Mark() // the first write compacts: current format, no torn tail
+	if cfg.Shared != nil {
+		b.persist = newSharedWriter(b)
+		if err := b.followShared(bgCtx); err != nil {
+			b.bgCancel()
+			return nil, fmt.Errorf("broker: cluster: %w", err)
+		}
+	} else {
+		p := store.NewPersister(cfg.StateFile, snap.Seq, b.take, b.written, log)
+		p.Mark() // the first write compacts: current format, no torn tail
+		b.persist = p
+	}
 	b.bg.Add(2)
 	go func() { defer b.bg.Done(); b.persist.Run(bgCtx) }()
 	go func() { defer b.bg.Done(); b.janitor(bgCtx) }()
@@ -296,7 +308,14 @@ var (
 
 // serveHost authenticates a host and runs its registration.
 func (b *Broker) serveHost(ctx context.Context, c msgconn.Conn, reg wire.Register) {
-	h, err := b.registerHost(ctx, c, reg)
+	var err error
+	if b.cfg.Shared != nil {
+		err = b.claimHost(ctx, reg)
+	}
+	var h *hostSession
+	if err == nil {
+		h, err = b.registerHost(ctx, c, reg)
+	}
 	if err != nil {
 		if errors.Is(err, errShuttingDown) {
 			c.Close(wire.CloseGoingAway, wire.ShutdownReason(b.cfg.ShutdownRetryAfter))
@@ -307,6 +326,8 @@ func (b *Broker) serveHost(ctx context.Context, c msgconn.Conn, reg wire.Registe
 	}
 	b.count("host:registered")
 	h.log.Info().Str("remote", c.RemoteAddr()).Msg("host registered")
+	b.holdHost(ctx, h)
+	defer b.releaseHost(h)
 	c.SetReadLimit(wire.MaxHostFrameIn)
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -334,11 +355,7 @@ func (b *Broker) registerHost(ctx context.Context, c msgconn.Conn, reg wire.Regi
 	if b.closing {
 		return nil, errShuttingDown
 	}
-	want, known := b.hostKeys[reg.HostID]
-	if !known {
-		want = b.dummy // same work whether or not the host exists
-	}
-	if ok := want.Equal(d); !ok || !known {
+	if !b.hostTokenOKLocked(reg.HostID, d) {
 		return nil, &wire.Error{Code: wire.CodeUnauthorized, Detail: "unknown host or wrong host token"}
 	}
 	if b.replayed(reg.ConnectionID, now) {
@@ -362,10 +379,24 @@ func (b *Broker) registerHost(ctx context.Context, c msgconn.Conn, reg wire.Regi
 	return h, nil
 }
 
+// hostTokenOKLocked (b.mu held) checks a host token's digest in constant
+// time, with the same work whether or not the host exists.
+func (b *Broker) hostTokenOKLocked(id wire.ID, d wire.Digest) bool {
+	want, known := b.hostKeys[id]
+	if !known {
+		want = b.dummy
+	}
+	return want.Equal(d) && known
+}
+
 // serveClient matches a client to its host and relays its stream.
 func (b *Broker) serveClient(ctx context.Context, c msgconn.Conn, reg wire.Register) {
 	s, err := b.match(ctx, c, reg)
 	if err != nil {
+		if errors.Is(err, errNotHere) {
+			b.forward(ctx, c, reg)
+			return
+		}
 		if errors.Is(err, errShuttingDown) {
 			c.Close(wire.CloseGoingAway, "shutting down")
 			return
@@ -396,10 +427,15 @@ const replaySeconds = int64(wire.ReplayTTL / time.Second)
 // client is answered `unavailable`, so a restart can never accept the token
 // again and a stream never opens on a use that was not recorded.
 func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (*stream, error) {
+	if b.cfg.Shared != nil && !forwarded(ctx) {
+		if err := b.claimID(ctx, reg.ConnectionID); err != nil {
+			return nil, err
+		}
+	}
 	now := b.cfg.now()
 	d := wire.TokenDigest(string(reg.Token))
 	b.mu.Lock()
-	cred, h, err := b.admitLocked(reg, d, now)
+	cred, h, err := b.admitLocked(reg, d, now, forwarded(ctx))
 	if err != nil {
 		b.mu.Unlock()
 		return nil, err
@@ -409,6 +445,12 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 		s := b.openLocked(h, c, cred)
 		b.mu.Unlock()
 		return s, nil
+	}
+	if b.cfg.Shared != nil {
+		if err := b.claimBootstrapLocked(ctx, h, cred); err != nil {
+			b.mu.Unlock()
+			return nil, err
+		}
 	}
 	undo, err := b.state.Record(func() error {
 		if !b.state.Consume(d, now) {
@@ -449,7 +491,7 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 // admitLocked (b.mu held) runs the checks of the matching order and, when
 // they pass, records the connection_id. It returns the credential and the
 // host to open the stream on.
-func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time) (store.Credential, *hostSession, error) {
+func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time, forwarded bool) (store.Credential, *hostSession, error) {
 	sec := now.Unix()
 	fail := func(code wire.Code, detail string) (store.Credential, *hostSession, error) {
 		return store.Credential{}, nil, &wire.Error{Code: code, Detail: detail}
@@ -478,6 +520,9 @@ func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time) (s
 	}
 	h := b.hosts[reg.HostID]
 	if h == nil {
+		if b.cfg.Forward != nil && !forwarded {
+			return store.Credential{}, nil, errNotHere // on another instance, perhaps
+		}
 		return fail(wire.CodeHostOffline, "host not online")
 	}
 	h.mu.Lock()

@@ -132,6 +132,17 @@ type Config struct {
 	// often. Default 1 min.
 	SweepInterval time.Duration
 
+	// Cluster is the `cluster:` block (clusterconfig.go); disabled by
+	// default.
+	Cluster ClusterConfig
+	// Shared, when set, is the cluster's shared state (cluster mode,
+	// shared.go): state_file is then neither read nor written. Set by the
+	// caller (broker/cluster builds it from the `cluster:` block), not YAML.
+	Shared Shared
+	// Forward, with Shared, relays clients to the instance holding their
+	// host (forward.go); nil: a host not registered here is host_offline.
+	Forward Forwarder
+
 	// ACMERenewalWindowRatio and ACMERenewCheckInterval shorten certmagic's
 	// renewal schedule (acme.Options); for tests, zero in production.
 	ACMERenewalWindowRatio float64
@@ -187,6 +198,7 @@ func DefaultConfig() Config {
 		WriteTimeout:          20 * time.Second,
 		ShutdownGrace:         10 * time.Second,
 		SweepInterval:         time.Minute,
+		Cluster:               defaultCluster(),
 	}
 }
 
@@ -220,6 +232,7 @@ func (c *Config) Validate() error {
 	if c.ACME.On() {
 		c.validateACME(bad, port)
 	}
+	c.validateCluster(bad)
 	if c.MetricsListen != "" {
 		if h, _, err := net.SplitHostPort(c.MetricsListen); err != nil || !loopback.Host(h) {
 			bad("metrics.listen", "must be a loopback host:port, e.g. 127.0.0.1:9465")
@@ -362,6 +375,8 @@ type fileConfig struct {
 	Credit            *bool       `yaml:"credit"` // false sets DisableCredit
 	Metrics           fileMetrics `yaml:"metrics"`
 	Log               fileLog     `yaml:"log"`
+	// Cluster is decoded over its defaults (ParseConfig).
+	Cluster ClusterConfig `yaml:"cluster"`
 }
 
 type fileTLS struct {
@@ -394,7 +409,7 @@ func LoadConfig(path string) (*Config, error) {
 // validates the result.
 func ParseConfig(name string, data []byte) (*Config, error) {
 	c := DefaultConfig()
-	var fc fileConfig
+	fc := fileConfig{Cluster: c.Cluster}
 	src, err := strictyaml.Decode(name, data, &fc)
 	if err != nil {
 		return nil, err
@@ -440,4 +455,5 @@ func (fc *fileConfig) apply(c *Config) {
 	c.MetricsListen = fc.Metrics.Listen
 	set(&c.LogLevel, fc.Log.Level)
 	set(&c.LogFormat, fc.Log.Format)
+	c.Cluster = fc.Cluster
 }

@@ -312,6 +312,16 @@ func (b *Broker) revoke(ctx context.Context, h *hostSession, credentialID string
 	}
 	b.mu.Lock()
 	h.mu.Lock()
+	b.endRevokedLocked(h, digests)
+	h.mu.Unlock()
+	b.mu.Unlock()
+	b.count("revoke")
+	return nil
+}
+
+// endRevokedLocked (b.mu and h.mu held) closes h's route streams of the
+// revoked digests: clients get 1008, the host CLOSE.
+func (b *Broker) endRevokedLocked(h *hostSession, digests []wire.Digest) {
 	var victims []*stream
 	for _, s := range h.streams {
 		if s.kind != wire.KindRoute {
@@ -327,10 +337,6 @@ func (b *Broker) revoke(ctx context.Context, h *hostSession, credentialID string
 	for _, s := range victims {
 		b.endStreamLocked(s, streamEnd{code: wire.ClosePolicy, reason: "revoked", toHost: true, dropUp: true, stat: "revoked"})
 	}
-	h.mu.Unlock()
-	b.mu.Unlock()
-	b.count("revoke")
-	return nil
 }
 
 func (h *hostSession) replyError(ctx context.Context, err error) bool {

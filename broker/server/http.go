@@ -44,7 +44,7 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "credentials belong in the register message, never in the URL or headers", http.StatusBadRequest)
 		return
 	}
-	if !b.limiter.allow(sourceKey(r.RemoteAddr), time.Now()) {
+	if !forwarded(r.Context()) && !b.limiter.allow(sourceKey(r.RemoteAddr), time.Now()) {
 		b.count("http:429")
 		w.Header().Set("Retry-After", "60")
 		http.Error(w, "too many connection attempts", http.StatusTooManyRequests)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/hermes-securelink/securelink/broker/cluster"
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/internal/metrics"
@@ -97,6 +98,15 @@ func runBroker(ctx context.Context, path string) error {
 	}
 	fmt.Fprintf(os.Stderr, "securelink: broker config %s, hosts file %s, state file %s\n", path, cfg.HostsFile, cfg.StateFile)
 	log := buildLogger(cfg.LogLevel, cfg.LogFormat)
+	var node *cluster.Node
+	if cfg.Cluster.Enabled {
+		if node, err = cluster.Start(ctx, cfg.Cluster); err != nil {
+			return err
+		}
+		defer node.Close()
+		node.Apply(cfg)
+		fmt.Fprintf(os.Stderr, "securelink: cluster instance %s, peer listener %s\n", cfg.Cluster.InstanceID, cfg.Cluster.Peer.Listen)
+	}
 	b, err := server.New(*cfg, log)
 	if err != nil {
 		return err
@@ -164,6 +174,9 @@ func runBroker(ctx context.Context, path string) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- b.ServeListener(ctx, ln) }()
+	if node != nil {
+		go node.Serve(ctx, b)
+	}
 	notify.Ready()
 	fmt.Printf("broker listening %s\n", ln.Addr())
 	err = <-errc

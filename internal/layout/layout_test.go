@@ -48,6 +48,8 @@ var layers = map[string]int{
 
 	// The front serves the bridge and the connector's streams.
 	"proxy": 4, "internal/admin": 4, "broker/internal/testenv": 4, "broker/reachtest": 4,
+	// Cluster mode: the broker's shared state in JetStream (docs/cluster.md).
+	"broker/cluster": 4,
 
 	"internal/doctor": 5, "internal/testfake": 5,
 

@@ -1,0 +1,128 @@
+package cluster
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// natsCluster is a three-node JetStream cluster on 127.0.0.1, embedded in
+// the test process: each node has its own client port, route port and
+// store directory, so one can be shut down and started again.
+type natsCluster struct {
+	t      testing.TB
+	opts   []*server.Options
+	nodes  []*server.Server
+	routes []*url.URL
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func startNATSCluster(t testing.TB) *natsCluster {
+	t.Helper()
+	c := &natsCluster{t: t}
+	n := 3
+	routePorts := make([]int, n)
+	for i := range routePorts {
+		routePorts[i] = freePort(t)
+		u, _ := url.Parse(fmt.Sprintf("nats://127.0.0.1:%d", routePorts[i]))
+		c.routes = append(c.routes, u)
+	}
+	for i := 0; i < n; i++ {
+		o := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i),
+			Host:       "127.0.0.1",
+			Port:       freePort(t),
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoSigs:     true,
+			NoLog:      true,
+			Cluster: server.ClusterOpts{
+				Name: "reach-test",
+				Host: "127.0.0.1",
+				Port: routePorts[i],
+			},
+			Routes: c.routes,
+			// Small limits: a test cluster needs little.
+			JetStreamMaxMemory: 64 << 20,
+			JetStreamMaxStore:  256 << 20,
+		}
+		c.opts = append(c.opts, o)
+		c.nodes = append(c.nodes, nil)
+	}
+	for i := range c.opts {
+		c.start(i)
+	}
+	t.Cleanup(c.shutdown)
+	c.waitReady()
+	return c
+}
+
+func (c *natsCluster) start(i int) {
+	c.t.Helper()
+	o := *c.opts[i]
+	s, err := server.NewServer(&o)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		c.t.Fatalf("nats node %d did not start", i)
+	}
+	c.nodes[i] = s
+}
+
+// waitReady waits until JetStream has a meta leader in the cluster.
+func (c *natsCluster) waitReady() {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, s := range c.nodes {
+			if s != nil && s.JetStreamIsLeader() {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.t.Fatal("no JetStream meta leader within 30 s")
+}
+
+// stop shuts node i down (its store stays for a restart).
+func (c *natsCluster) stop(i int) {
+	if s := c.nodes[i]; s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+		c.nodes[i] = nil
+	}
+}
+
+func (c *natsCluster) shutdown() {
+	for i := range c.nodes {
+		c.stop(i)
+	}
+}
+
+// urls lists the client URLs of every node, running or not.
+func (c *natsCluster) urls() []string {
+	var out []string
+	for _, o := range c.opts {
+		out = append(out, fmt.Sprintf("nats://127.0.0.1:%d", o.Port))
+	}
+	return out
+}
+
+func (c *natsCluster) url(i int) string {
+	return fmt.Sprintf("nats://127.0.0.1:%d", c.opts[i].Port)
+}

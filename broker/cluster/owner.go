@@ -1,0 +1,285 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hermes-securelink/securelink/broker/msgconn"
+	"github.com/hermes-securelink/securelink/broker/server"
+	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/tlsconf"
+)
+
+// PeerOptions are the broker-to-broker link: a separate listener with
+// mutual TLS, every instance's certificate signed by one CA and naming its
+// instance_id as a DNS name.
+type PeerOptions struct {
+	// Advertise is the host:port other instances dial to reach this one.
+	Advertise string
+	CertFile  string
+	KeyFile   string
+	CAFile    string
+	// OwnerTTL is the lease on "host H is on this instance", renewed
+	// every OwnerTTL/3 while H stays registered here.
+	OwnerTTL time.Duration
+}
+
+// Owners records which instance holds each host's socket (the
+// <prefix>-owner bucket, key o.<host_id>, TTL OwnerTTL) and dials the
+// owner's peer listener (it implements server.Forwarder).
+type Owners struct {
+	s      *State
+	opt    PeerOptions
+	owner  jetstream.KeyValue
+	server *tls.Config // the peer listener's
+	client *tls.Config // for dialing peers; ServerName set per dial
+
+	mu   sync.Mutex
+	held map[wire.ID]lease
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+type lease struct {
+	conn    wire.ID
+	rev     uint64 // of the last write; 0 when Hold's write failed
+	writing bool   // Hold's write is in flight: renewals wait for it
+	lost    func()
+}
+
+type ownerRecord struct {
+	By   string `json:"by"`
+	Addr string `json:"addr"`
+	Conn string `json:"conn"`
+}
+
+var _ server.Forwarder = (*Owners)(nil)
+
+// OpenOwners creates the owner bucket if absent, loads the peer
+// certificates and starts renewing leases.
+func (s *State) OpenOwners(ctx context.Context, opt PeerOptions) (*Owners, error) {
+	if opt.Advertise == "" {
+		return nil, errors.New("cluster.peer.advertise is required")
+	}
+	if opt.OwnerTTL < 3*time.Second || opt.OwnerTTL > 10*time.Minute {
+		return nil, errors.New("cluster.owner_ttl must be 3s..10m")
+	}
+	cert, err := tls.LoadX509KeyPair(opt.CertFile, opt.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.peer: %w", err)
+	}
+	pem, err := os.ReadFile(opt.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.peer.ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New("cluster.peer.ca_file holds no certificate")
+	}
+	o := &Owners{
+		s: s, opt: opt, held: map[wire.ID]lease{}, done: make(chan struct{}),
+		server: &tls.Config{
+			MinVersion: tlsconf.MinVersion, CipherSuites: tlsconf.TLS12Suites,
+			Certificates: []tls.Certificate{cert}, ClientCAs: pool,
+			ClientAuth: tls.RequireAndVerifyClientCert, NextProtos: []string{"http/1.1"},
+		},
+		client: &tls.Config{
+			MinVersion: tlsconf.MinVersion, CipherSuites: tlsconf.TLS12Suites,
+			Certificates: []tls.Certificate{cert}, RootCAs: pool, NextProtos: []string{"http/1.1"},
+		},
+	}
+	if o.owner, err = createBucket(ctx, s.js, s.opt, "owner"); err != nil {
+		return nil, fmt.Errorf("cluster: owner bucket: %w", err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	o.stop = stop
+	go o.renew(rctx)
+	return o, nil
+}
+
+// Close stops renewing; the leases run out after OwnerTTL.
+func (o *Owners) Close() {
+	o.stop()
+	<-o.done
+}
+
+func ownerKey(host wire.ID) string { return "o." + host.String() }
+
+// write stores this instance's lease of host at the expected revision
+// (0: unconditionally, a new registration wins) with the lease TTL.
+func (o *Owners) write(ctx context.Context, host, conn wire.ID, expect uint64) (uint64, error) {
+	b, _ := json.Marshal(ownerRecord{By: o.s.opt.InstanceID, Addr: o.opt.Advertise, Conn: conn.String()})
+	opts := []jetstream.PublishOpt{jetstream.WithMsgTTL(o.opt.OwnerTTL)}
+	if expect != 0 {
+		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(expect))
+	}
+	ack, err := o.s.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + o.owner.Bucket() + "." + ownerKey(host), Data: b}, opts...)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// Hold takes host's lease for registration conn: the newest registration
+// wins, on whichever instance it landed.
+func (o *Owners) Hold(ctx context.Context, host, conn wire.ID, lost func()) error {
+	o.mu.Lock()
+	o.held[host] = lease{conn: conn, lost: lost, writing: true}
+	o.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
+	defer cancel()
+	rev, err := o.write(cctx, host, conn, 0)
+	o.mu.Lock()
+	if l, ok := o.held[host]; ok && l.conn == conn {
+		l.writing = false
+		if err == nil {
+			l.rev = rev
+		}
+		o.held[host] = l
+	}
+	o.mu.Unlock()
+	return err
+}
+
+// Release deletes host's lease if it is still registration conn's.
+func (o *Owners) Release(host, conn wire.ID) {
+	o.mu.Lock()
+	l, ok := o.held[host]
+	if !ok || l.conn != conn {
+		o.mu.Unlock()
+		return
+	}
+	delete(o.held, host)
+	o.mu.Unlock()
+	if l.rev == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.s.opt.Timeout)
+	defer cancel()
+	o.owner.Delete(ctx, ownerKey(host), jetstream.LastRevision(l.rev)) // a newer lease stays
+}
+
+// renew rewrites every held lease at its revision every OwnerTTL/3. A
+// lease someone else rewrote (the host registered on another instance), or
+// that expired while the engine could not be written, is dropped and its
+// registration told (lost: the broker closes it with `replaced`, and the
+// host registers again wherever it lands); a failed write is retried at
+// the next tick.
+func (o *Owners) renew(ctx context.Context) {
+	defer close(o.done)
+	t := time.NewTicker(o.opt.OwnerTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		o.mu.Lock()
+		held := make(map[wire.ID]lease, len(o.held))
+		for h, l := range o.held {
+			held[h] = l
+		}
+		o.mu.Unlock()
+		for h, l := range held {
+			if l.writing {
+				continue
+			}
+			// A lease whose first write failed is written afresh (rev 0);
+			// if a newer registration elsewhere is overwritten, that
+			// instance's next renewal sees it and closes its socket, and
+			// the host registers again: newest wins once more.
+			wctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
+			rev, err := o.write(wctx, h, l.conn, l.rev)
+			cancel()
+			var api *jetstream.APIError
+			var lost func()
+			o.mu.Lock()
+			switch {
+			case err == nil:
+				if cur, ok := o.held[h]; ok && cur.conn == l.conn {
+					cur.rev = rev
+					o.held[h] = cur
+				}
+			case errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
+				if cur, ok := o.held[h]; ok && cur.conn == l.conn && cur.rev == l.rev {
+					delete(o.held, h) // another instance holds it now
+					lost = cur.lost
+				}
+			}
+			o.mu.Unlock()
+			if lost != nil {
+				lost()
+			}
+		}
+	}
+}
+
+// Dial connects to the peer listener of host's owner.
+func (o *Owners) Dial(ctx context.Context, host wire.ID) (msgconn.Conn, error) {
+	cctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
+	defer cancel()
+	e, err := o.owner.Get(cctx, ownerKey(host))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, &wire.Error{Code: wire.CodeHostOffline, Detail: "host not online on any instance"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r ownerRecord
+	if json.Unmarshal(e.Value(), &r) != nil || !instanceIDRE.MatchString(r.By) {
+		return nil, errors.New("cluster: bad owner record")
+	}
+	if r.By == o.s.opt.InstanceID {
+		return nil, &wire.Error{Code: wire.CodeHostOffline, Detail: "host registration ended"}
+	}
+	tc := o.client.Clone()
+	tc.ServerName = r.By // the owner's certificate names its instance_id
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}}
+	ws, _, err := websocket.Dial(cctx, "wss://"+r.Addr+wire.ConnectPath, &websocket.DialOptions{
+		HTTPClient: hc, CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: peer %s: %w", r.By, err)
+	}
+	return msgconn.FromWebSocket(ws, r.Addr), nil
+}
+
+// ServePeer serves b's peer handler on ln behind mutual TLS until ctx
+// ends.
+func (o *Owners) ServePeer(ctx context.Context, b *server.Broker, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           b.PeerHandler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          log.New(discard{}, "", 0),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(tls.NewListener(ln, o.server)) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		srv.Close()
+		<-errc
+		return nil
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

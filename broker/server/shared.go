@@ -1,0 +1,192 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// Shared is the state a broker shares with the other instances of a
+// cluster (docs/cluster.md); Config.Shared is nil in the single-process
+// mode. broker/cluster implements it on NATS JetStream. In cluster mode the
+// broker's store.State is a mirror of the engine: this instance's changes
+// are applied locally as in the single process and made durable by Write
+// instead of the state file, and changes of other instances arrive through
+// Follow. The rules that must hold across instances are decided by the
+// engine's compare-and-set (the Claim methods), never by the mirror.
+type Shared interface {
+	// Follow delivers the engine's current state to apply, returns once
+	// it has, and then keeps delivering the changes other instances make
+	// until ctx ends.
+	Follow(ctx context.Context, apply func(store.Op)) error
+	// Write makes ops durable in the engine; nil means every op is
+	// acknowledged (by a quorum of its replicas).
+	Write(ctx context.Context, ops []store.Op) error
+	// ClaimConnectionID records id as accepted until exp, once across the
+	// cluster: false when another registration already has it.
+	ClaimConnectionID(ctx context.Context, id wire.ID, exp time.Time) (bool, error)
+	// ClaimConsumed records bootstrap digest d as used until exp, once
+	// across the cluster: false when it was used already.
+	ClaimConsumed(ctx context.Context, d wire.Digest, exp time.Time) (bool, error)
+	// Timeout bounds one engine operation (cluster.engine_timeout).
+	Timeout() time.Duration
+}
+
+// stateWriter makes the state's changes durable: the state file's
+// store.Persister, or sharedWriter in cluster mode.
+type stateWriter interface {
+	Mark() uint64
+	Run(ctx context.Context)
+}
+
+// errEngine answers a change or a match the shared engine did not
+// acknowledge in time (spec: `unavailable`, the state cannot be written).
+var errEngine = &wire.Error{Code: wire.CodeUnavailable, Detail: "the shared state cannot be written"}
+
+// sharedWriter is the cluster's stateWriter: each batch of changes is
+// written to the engine, and the commit rules of commit.go hold unchanged
+// (a change is acknowledged once written, undone and answered `unavailable`
+// when the write fails). Marks during a write are coalesced into the next.
+type sharedWriter struct {
+	b    *Broker
+	kick chan struct{}
+}
+
+func newSharedWriter(b *Broker) *sharedWriter {
+	return &sharedWriter{b: b, kick: make(chan struct{}, 1)}
+}
+
+func (w *sharedWriter) Mark() uint64 {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+	return 0
+}
+
+func (w *sharedWriter) Run(ctx context.Context) {
+	for {
+		select {
+		case <-w.kick:
+			w.flush(ctx)
+		case <-ctx.Done():
+			w.flush(context.Background()) // what is still queued
+			return
+		}
+	}
+}
+
+func (w *sharedWriter) flush(ctx context.Context) {
+	batch := w.b.take(false)
+	var err error
+	if len(batch.Ops) > 0 {
+		sh := w.b.cfg.Shared
+		wctx, cancel := context.WithTimeout(ctx, sh.Timeout())
+		err = sh.Write(wctx, batch.Ops)
+		cancel()
+	}
+	w.b.written(err)
+}
+
+// followShared starts mirroring the engine into b.state (New, cluster
+// mode): it returns once the current state is loaded.
+func (b *Broker) followShared(ctx context.Context) error {
+	return b.cfg.Shared.Follow(ctx, b.applyShared)
+}
+
+// applyShared applies a change another instance made. A revoke closes this
+// instance's streams of the revoked digest, as the revoking instance does
+// with its own.
+func (b *Broker) applyShared(op store.Op) {
+	now := b.cfg.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if op.Kind == store.OpPutBootstrap || op.Kind == store.OpPutRoute {
+		if _, ok := b.hostKeys[op.Cred.HostID]; !ok {
+			return // not a host of this instance's hosts file (yet)
+		}
+	}
+	if !b.state.ApplyOp(op, now) {
+		b.count("cluster:table_full")
+	}
+	b.count("cluster:mirrored")
+	if op.Kind == store.OpRevoked {
+		for _, h := range b.hosts {
+			h.mu.Lock()
+			b.endRevokedLocked(h, []wire.Digest{op.Digest})
+			h.mu.Unlock()
+		}
+	}
+}
+
+// claimHost records a host registration's connection_id in the engine
+// before registerHost runs; only a registration with the right host token
+// gets that far. In cluster mode a connection_id is recorded at the first
+// registration that presents it (a client's too, by match), accepted or
+// not: honest peers make a new one per attempt, and the spec's matching
+// order answers `replayed` first wherever the id lands.
+func (b *Broker) claimHost(ctx context.Context, reg wire.Register) error {
+	d := wire.TokenDigest(string(reg.Token))
+	b.mu.Lock()
+	ok := b.hostTokenOKLocked(reg.HostID, d)
+	b.mu.Unlock()
+	if !ok {
+		return nil // registerHost refuses it
+	}
+	return b.claimID(ctx, reg.ConnectionID)
+}
+
+func (b *Broker) claimID(ctx context.Context, id wire.ID) error {
+	sh := b.cfg.Shared
+	cctx, cancel := context.WithTimeout(ctx, sh.Timeout())
+	defer cancel()
+	ok, err := sh.ClaimConnectionID(cctx, id, b.cfg.now().Add(wire.ReplayTTL))
+	switch {
+	case err != nil:
+		b.count("cluster:engine_error")
+		return errEngine
+	case !ok:
+		return &wire.Error{Code: wire.CodeReplayed, Detail: "connection_id already used on another instance"}
+	}
+	return nil
+}
+
+// claimBootstrapLocked (b.mu held; released while the engine answers,
+// held again on return) records a bootstrap's one use in the engine after
+// the matching order passed on this instance's mirror: exactly one
+// instance's create succeeds. The stream's slot on h stays reserved
+// meanwhile. (A client's connection_id was claimed before the matching
+// order ran, by claimID in match.)
+func (b *Broker) claimBootstrapLocked(ctx context.Context, h *hostSession, cred store.Credential) error {
+	h.mu.Lock()
+	h.reserved++
+	h.mu.Unlock()
+	b.mu.Unlock()
+	sh := b.cfg.Shared
+	cctx, cancel := context.WithTimeout(ctx, sh.Timeout())
+	ok, err := sh.ClaimConsumed(cctx, cred.Digest, time.Unix(cred.ExpiresAt, 0))
+	cancel()
+	switch {
+	case err != nil:
+		b.count("cluster:engine_error")
+		err = errEngine
+	case !ok:
+		err = &wire.Error{Code: wire.CodeReplayed, Detail: "bootstrap token already consumed on another instance"}
+	}
+	b.mu.Lock()
+	h.mu.Lock()
+	h.reserved--
+	ended := h.end != nil
+	h.mu.Unlock()
+	switch {
+	case err != nil:
+		return err
+	case b.closing:
+		return errShuttingDown
+	case ended:
+		return &wire.Error{Code: wire.CodeHostOffline, Detail: "host left while the bootstrap use was recorded"}
+	}
+	return nil
+}

@@ -81,8 +81,14 @@ func TestSendDeliversAHeadLargerThanTheSocketBuffers(t *testing.T) {
 	if _, err := io.ReadFull(pc.br, ans); err != nil || string(ans) != "answer" {
 		t.Fatalf("answer %q, %v", ans, err)
 	}
-	if pc.head.Len() != 0 {
-		t.Fatalf("send left %d bytes in the head buffer", pc.head.Len())
+	if pc.head.Len() != 0 || pc.head.Cap() > maxKeptHead {
+		t.Fatalf("send left the head buffer at %d bytes, %d capacity", pc.head.Len(), pc.head.Cap())
+	}
+	// The next head goes through the same writer into the same field.
+	pc.bw.WriteString("GET /next HTTP/1.1\r\n\r\n")
+	pc.bw.Flush()
+	if pc.head.String() != "GET /next HTTP/1.1\r\n\r\n" {
+		t.Fatalf("the head buffer holds %q after a release", pc.head.String())
 	}
 }
 

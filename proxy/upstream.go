@@ -204,7 +204,7 @@ var errHeadTooLarge = errors.New("upstream response head larger than the limit")
 // given.
 func (pc *upConn) send() (int, error) {
 	p := pc.head.Bytes()
-	defer pc.head.Reset()
+	defer pc.releaseHead()
 	if pc.raw == nil || !canWriteRaw {
 		return pc.conn.Write(p)
 	}
@@ -230,6 +230,19 @@ func (pc *upConn) send() (int, error) {
 	}
 	return n, nil
 }
+
+// releaseHead empties the head buffer for the next exchange. One grown by
+// a large head (up to the client's MaxHeaderBytes) is not kept while the
+// connection idles in the pool.
+func (pc *upConn) releaseHead() {
+	if pc.head.Cap() > maxKeptHead {
+		pc.head = bytes.Buffer{} // pc.bw writes through a pointer to the field
+		return
+	}
+	pc.head.Reset()
+}
+
+const maxKeptHead = 8 << 10
 
 // sendStep is send's RawConn.Read function (pc.sendFn): the first call
 // writes, and asks to wait for readability when the write was whole; the

@@ -51,7 +51,7 @@ import (
 
 // direct forwards one bodiless, non-upgrade request (see serve for the
 // policy).
-func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, target *url.URL) {
+func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQuery string) {
 	l := f.limits
 	var start time.Time
 	if f.s.metrics != nil {
@@ -71,9 +71,12 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, target *url.U
 			}
 		}
 	}
-	out := &http.Request{
+	// One allocation for the exchange's parts.
+	ex := &directExchange{target: f.target(rawTail, rawQuery)}
+	out := &ex.out
+	*out = http.Request{
 		Method:     r.Method,
-		URL:        target,
+		URL:        &ex.target,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,
 		ProtoMinor: 1,
@@ -104,7 +107,8 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, target *url.U
 			return
 		}
 	}
-	b := &directBody{f: f, pc: pc, rc: resp.Body, stop: stop, total: total,
+	b := &ex.body
+	*b = directBody{f: f, pc: pc, rc: resp.Body, stop: stop, total: total,
 		keep: !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols}
 	if resp.Body == http.NoBody || r.Method == http.MethodHead {
 		b.finish(true)
@@ -185,21 +189,36 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, target *url.U
 	}
 }
 
-// roundTrip writes out on pc and reads the response head, relaying 1xx
-// answers. The read deadline bounds the wait by the idle read and the total.
+// directExchange holds what one exchange of the direct path builds.
+type directExchange struct {
+	target url.URL
+	out    http.Request
+	body   directBody
+}
+
+// roundTrip writes out on pc (one write, see upConn.send) and reads the
+// response head, relaying 1xx answers. The read deadline bounds the wait by
+// the idle read and the total.
 func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Request, total time.Time) (*http.Response, error) {
+	// The head starts empty whatever an earlier failed exchange left (its
+	// connection was closed anyway).
+	pc.head.Reset()
+	pc.bw.Reset(&pc.head)
 	if err := writeRequestHead(pc.bw, out); err != nil {
 		return nil, err
 	}
-	if err := pc.bw.Flush(); err != nil {
+	pc.bw.Flush() // into pc.head: cannot fail
+	// The deadline is set before the head goes out: send waits for the
+	// answer under it.
+	if err := pc.setReadDeadline(readDeadline(f.limits.UpstreamIdleRead, total)); err != nil {
+		return nil, err
+	}
+	if _, err := pc.send(); err != nil {
 		if pc.reused && !pc.canceled.Load() {
 			// A pooled connection that fails its first write delivered
 			// nothing the upstream could act on.
 			err = fmt.Errorf("%w: %w", errNothingWritten, err)
 		}
-		return nil, err
-	}
-	if err := pc.setReadDeadline(readDeadline(f.limits.UpstreamIdleRead, total)); err != nil {
 		return nil, err
 	}
 	pc.limit = maxResponseHead

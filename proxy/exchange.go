@@ -35,14 +35,14 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQu
 	}
 	upgrade := policy.IsWebSocketUpgrade(r.Header)
 	f.requestPolicy(r, upgrade)
-	target := f.target(rawTail, rawQuery)
 	if r.ContentLength == 0 && !upgrade && !f.s.reverseProxyOnly {
 		// No body to send (ReverseProxy would send none either) and no
 		// upgrade: the direct path.
-		f.direct(w, r, target)
+		f.direct(w, r, rawTail, rawQuery)
 		return
 	}
-	f.reverseProxy(w, r, target, upgrade)
+	target := f.target(rawTail, rawQuery)
+	f.reverseProxy(w, r, &target, upgrade)
 }
 
 // target is the upstream request URL. Opaque carries the raw tail byte for
@@ -50,8 +50,8 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request, rawTail, rawQu
 // path check has already refused every form that could change meaning
 // upstream). The base path has lost a trailing slash: "/" + "/x" would be
 // "//x", which net/http even writes as the absolute-form target "http://x".
-func (f *forwarder) target(rawTail, rawQuery string) *url.URL {
-	return &url.URL{Scheme: "http", Host: f.upstream.Host, Opaque: f.basePath + rawTail, RawQuery: rawQuery}
+func (f *forwarder) target(rawTail, rawQuery string) url.URL {
+	return url.URL{Scheme: "http", Host: f.upstream.Host, Opaque: f.basePath + rawTail, RawQuery: rawQuery}
 }
 
 // requestPolicy applies the request header table to the client's request,

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -70,9 +71,11 @@ func (p *upstreamPool) get(ctx context.Context, total time.Time) (*upConn, error
 		pc.raw, _ = sc.SyscallConn()
 	}
 	pc.br = bufio.NewReaderSize(pc, 4<<10)
-	pc.bw = bufio.NewWriterSize(c, 4<<10)
+	// The head is assembled here and sent by send, in one write.
+	pc.bw = bufio.NewWriterSize(&pc.head, 4<<10)
 	pc.cancelFn = pc.cancel
 	pc.peekFn = pc.peek
+	pc.sendFn = pc.sendStep
 	return pc, nil
 }
 
@@ -146,12 +149,19 @@ type upConn struct {
 	conn     net.Conn
 	raw      syscall.RawConn
 	br       *bufio.Reader
-	bw       *bufio.Writer
-	cancelFn func()        // pc.cancel, bound once per connection
-	peekFn   func(uintptr) // pc.peek, likewise
-	peekOK   bool
-	idleAt   time.Time
-	reused   bool
+	bw       *bufio.Writer      // writes into head
+	head     bytes.Buffer       // the request head of this exchange, for send
+	cancelFn func()             // pc.cancel, bound once per connection
+	peekFn   func(uintptr)      // pc.peek, likewise
+	sendFn   func(uintptr) bool // pc.sendStep, likewise
+	// send's state for sendStep.
+	out     []byte
+	outN    int
+	outErr  error
+	outDone bool
+	peekOK  bool
+	idleAt  time.Time
+	reused  bool
 
 	// limit bounds the bytes read while a response head is parsed.
 	limit  int64
@@ -180,6 +190,71 @@ func (pc *upConn) Read(p []byte) (int, error) {
 }
 
 var errHeadTooLarge = errors.New("upstream response head larger than the limit")
+
+// send writes the request head assembled in head and returns once the
+// upstream has something to read, or the read deadline passed, or the
+// exchange was canceled (the read that follows reports those). One write
+// and no read: read right after the write, the answer is almost never
+// there yet, and that read (EAGAIN) was a wasted syscall per request. The
+// wait is armed before the write (RawConn.Read resets the descriptor's
+// readiness, then calls sendStep, which writes), so an answer arriving at
+// once cannot be missed. A write the socket does not take whole is
+// finished by the ordinary, blocking Write, and the answer is then waited
+// for by the ordinary Read. It reports how many bytes the upstream was
+// given.
+func (pc *upConn) send() (int, error) {
+	p := pc.head.Bytes()
+	defer pc.releaseHead()
+	if pc.raw == nil || !canWriteRaw {
+		return pc.conn.Write(p)
+	}
+	pc.out, pc.outN, pc.outErr, pc.outDone = p, 0, nil, false
+	pc.raw.Read(pc.sendFn) // its error is the next read's to report
+	n, werr, wrote := pc.outN, pc.outErr, pc.outDone
+	pc.out, pc.outErr = nil, nil
+	switch {
+	case !wrote:
+		// RawConn.Read ended before calling sendStep (the read deadline
+		// has passed, the exchange was canceled, the connection closed):
+		// the ordinary Write decides, as it did before the read deadline
+		// was set ahead of the write.
+		return pc.conn.Write(p)
+	case werr != nil && werr != syscall.EAGAIN:
+		return n, werr
+	}
+	// EAGAIN or a short write: the socket buffer is full, and the ordinary
+	// Write waits for room.
+	if n < len(p) {
+		m, err := pc.conn.Write(p[n:])
+		return n + m, err
+	}
+	return n, nil
+}
+
+// releaseHead empties the head buffer for the next exchange. One grown by
+// a large head (up to the client's MaxHeaderBytes) is not kept while the
+// connection idles in the pool.
+func (pc *upConn) releaseHead() {
+	if pc.head.Cap() > maxKeptHead {
+		pc.head = bytes.Buffer{} // pc.bw writes through a pointer to the field
+		return
+	}
+	pc.head.Reset()
+}
+
+const maxKeptHead = 8 << 10
+
+// sendStep is send's RawConn.Read function (pc.sendFn): the first call
+// writes, and asks to wait for readability when the write was whole; the
+// next one is that readability.
+func (pc *upConn) sendStep(fd uintptr) bool {
+	if pc.outDone {
+		return true
+	}
+	pc.outDone = true
+	pc.outN, pc.outErr = writeRaw(fd, pc.out)
+	return pc.outErr != nil || pc.outN < len(pc.out)
+}
 
 // cancel aborts the exchange from another goroutine (the client left):
 // pending and later reads and writes fail at once.

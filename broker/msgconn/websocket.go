@@ -31,6 +31,7 @@ type WebSocket struct {
 	c      *websocket.Conn
 	rd     Reader
 	remote string
+	batch  *BatchConn // under the socket's TLS; nil: every record is its own write
 }
 
 var _ ProgressWriter = (*WebSocket)(nil)
@@ -39,6 +40,11 @@ var _ ProgressWriter = (*WebSocket)(nil)
 func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
 	return &WebSocket{c: c, remote: remote}
 }
+
+// SetBatch makes every message above 4 KiB leave through b in as few
+// writes as possible (see BatchConn). b must be the connection under this
+// socket's TLS. Call it before the first Write.
+func (w *WebSocket) SetBatch(b *BatchConn) { w.batch = b }
 
 // Read returns the next message, lent until the next Read or Release.
 //
@@ -95,6 +101,18 @@ func (w *WebSocket) WriteProgress(ctx context.Context, typ MessageType, data []b
 // write sends data as one message, fragmented above 64 KiB; after is
 // called, when set, once each fragment has been written.
 func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
+	if w.batch != nil && len(data) > batchMin {
+		w.batch.Hold()
+		err := w.writeMessage(ctx, typ, data, after)
+		if rerr := w.batch.Release(); err == nil {
+			err = rerr
+		}
+		return err
+	}
+	return w.writeMessage(ctx, typ, data, after)
+}
+
+func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, data []byte, after func()) error {
 	if len(data) <= fragment {
 		err := w.c.Write(ctx, websocket.MessageType(typ), data)
 		if err == nil && after != nil {

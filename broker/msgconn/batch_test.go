@@ -2,13 +2,19 @@ package msgconn
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // tcpPair is a real loopback TCP connection: a (the side under test) and b.
@@ -186,4 +192,58 @@ func waitUntil(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not reached")
+}
+
+// A batched message to a peer that stopped reading fails once its context
+// ends, like an unbatched one: the last batch, written after the library
+// returned, is cut with the socket instead of blocking forever.
+func TestBatchedWriteToAStuckPeerEndsWithItsContext(t *testing.T) {
+	stuck := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		<-stuck // never reads
+		c.CloseNow()
+	}))
+	defer srv.Close()
+	defer close(stuck)
+	var bc *BatchConn
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		bc = NewBatchConn(raw)
+		return bc, nil
+	}}}
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http"), &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := FromWebSocket(ws, "peer")
+	w.SetBatch(bc)
+	msg := make([]byte, 200<<10) // below the batch limit: only the last batch writes
+	failed := make(chan error, 1)
+	go func() {
+		for i := 0; i < 1000; i++ { // 200 MB: far beyond both socket buffers
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			err := w.Write(ctx, Binary, msg)
+			cancel()
+			if err != nil {
+				failed <- err
+				return
+			}
+		}
+		failed <- nil
+	}()
+	select {
+	case err := <-failed:
+		if err == nil {
+			t.Fatal("200 MB went to a peer that reads nothing")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a write to a stuck peer outlived its context")
+	}
 }

@@ -104,12 +104,22 @@ func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, aft
 	if w.batch != nil && len(data) > batchMin {
 		w.batch.Hold()
 		err := w.writeMessage(ctx, typ, data, after)
-		if rerr := w.batch.Release(); err == nil {
+		if rerr := w.sendHeld(ctx); err == nil {
 			err = rerr
 		}
 		return err
 	}
 	return w.writeMessage(ctx, typ, data, after)
+}
+
+// sendHeld ends a Hold. The last batch leaves after the library's write
+// returned, outside its watch of ctx, so ctx ending meanwhile cuts the
+// socket here, as it would in the library: a peer that stops reading
+// cannot hold the writer past its deadline.
+func (w *WebSocket) sendHeld(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
+	defer stop()
+	return w.batch.Release()
 }
 
 func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, data []byte, after func()) error {

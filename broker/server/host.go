@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -434,8 +433,11 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 	}
 	s.touch()
 	// The payload aliases the transport's read buffer, lent only until the
-	// next Read: the queue keeps a copy of exactly the payload.
-	return h.enqueueDown(ctx, s, bytes.Clone(f.Payload))
+	// next Read: the queue keeps a copy of exactly the payload (pooled; the
+	// stream's writeLoop gives it back once written).
+	p := getFrame(len(f.Payload))
+	copy(p, f.Payload)
+	return h.enqueueDown(ctx, s, p)
 }
 
 // enqueueDown queues DATA for stream s's client. When that queue is full the
@@ -463,6 +465,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				if k := len(s.down); k >= b.cfg.StreamQueueFrames {
 					// Many small frames: the queue stays at 32 entries.
 					s.down[k-1] = append(s.down[k-1], payload...)
+					putFrame(payload) // copied
 				} else {
 					s.down = append(s.down, payload)
 				}
@@ -562,7 +565,8 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 type outItem struct {
 	typ    msgconn.MessageType
 	data   []byte
-	budget int // bytes to return to the broker budget once written
+	budget int  // bytes to return to the broker budget once written
+	whole  bool // data is a whole queued frame: its buffer goes back once written
 }
 
 // writeLoop is the only goroutine that writes to the host socket: control
@@ -585,6 +589,9 @@ func (h *hostSession) writeLoop() {
 		err := h.conn.Write(ctx, item.typ, item.data)
 		cancel()
 		b.budget.release(item.budget)
+		if item.whole {
+			putFrame(item.data)
+		}
 		if err != nil {
 			broken = true
 			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
@@ -672,7 +679,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			} else {
 				h.rr.Advance()
 			}
-			return &outItem{typ: msgconn.Binary, data: f, budget: len(f)}, nil
+			return &outItem{typ: msgconn.Binary, data: f, budget: len(f), whole: true}, nil
 		}
 		if s.upClose {
 			s.upClose = false

@@ -3,7 +3,6 @@ package msgconn
 import (
 	"net"
 	"sync"
-	"syscall"
 )
 
 // batchLimit is what a held BatchConn gathers before it writes anyway.
@@ -30,16 +29,9 @@ var batchPool = sync.Pool{New: func() any {
 // (a pong) joins the batch and leaves with it. While nothing is held it is
 // the plain connection. The buffer comes from a pool and goes back once
 // written, so an idle socket holds none. Close never waits for a batch in
-// flight: it closes the socket, which ends the write.
+// flight: it closes the socket, which ends the write. Reads pass through.
 type BatchConn struct {
 	net.Conn
-	rc syscall.RawConn // nil: no read-ahead
-
-	// Reader side (one reader at a time: the TLS layer's).
-	rbuf     *[]byte // pooled read-ahead; nil when drained
-	roff     int
-	readMore bool // the last read filled its buffer: more is likely waiting
-
 	mu       sync.Mutex
 	cond     sync.Cond // flushing ended
 	held     int
@@ -52,49 +44,7 @@ type BatchConn struct {
 func NewBatchConn(c net.Conn) *BatchConn {
 	b := &BatchConn{Conn: c}
 	b.cond.L = &b.mu
-	if sc, ok := c.(syscall.Conn); ok && canReadNow {
-		b.rc, _ = sc.SyscallConn()
-	}
 	return b
-}
-
-// Read reads like the connection does; after a read that filled the
-// caller's buffer (TLS asks for about one record at a time), it takes
-// whatever else is already waiting in one non-blocking read into a pooled
-// 256 KiB buffer, and serves the next reads from it. A read that would
-// wait never holds that buffer, so an idle socket holds none.
-func (b *BatchConn) Read(p []byte) (int, error) {
-	if b.rbuf != nil {
-		n := copy(p, (*b.rbuf)[b.roff:])
-		b.roff += n
-		if b.roff == len(*b.rbuf) {
-			b.dropRead()
-		}
-		return n, nil
-	}
-	if b.readMore && b.rc != nil && len(p) > 0 {
-		b.readMore = false
-		bp := batchPool.Get().(*[]byte)
-		buf := (*bp)[:cap(*bp)]
-		n, err, done := readNow(b.rc, buf)
-		if done && n > 0 {
-			*bp = buf[:n]
-			b.rbuf, b.roff = bp, 0
-			return b.Read(p)
-		}
-		putBatch(bp)
-		if done && err != nil {
-			return 0, err
-		}
-	}
-	n, err := b.Conn.Read(p)
-	b.readMore = err == nil && n == len(p)
-	return n, err
-}
-
-func (b *BatchConn) dropRead() {
-	putBatch(b.rbuf)
-	b.rbuf, b.roff = nil, 0
 }
 
 // Write sends p at once while nothing is held; otherwise it joins the batch

@@ -3,13 +3,11 @@ package msgconn
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -137,50 +135,6 @@ func TestBatchConnCloseDoesNotWaitForAStuckBatch(t *testing.T) {
 	}
 	if _, err := bc.Write([]byte("x")); err == nil {
 		t.Fatal("a write after a failed batch succeeded")
-	}
-}
-
-// Reads through the read-ahead return exactly the bytes sent, whatever the
-// reader's buffer sizes, and hold no buffer once drained.
-func TestBatchConnReadAheadIsExact(t *testing.T) {
-	a, b := tcpPair(t)
-	bc := NewBatchConn(a)
-	if bc.rc == nil && canReadNow {
-		t.Fatal("no read-ahead on a TCP socket")
-	}
-	sent := make([]byte, 3<<20)
-	rand.Read(sent)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for p := sent; len(p) > 0; {
-			n := min(len(p), 100_000)
-			b.Write(p[:n])
-			p = p[n:]
-		}
-	}()
-	var got []byte
-	sizes := []int{17 << 10, 1, 5 << 10, 300 << 10, 4096}
-	a.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for i := 0; len(got) < len(sent); i++ {
-		p := make([]byte, sizes[i%len(sizes)])
-		n, err := bc.Read(p)
-		if err != nil {
-			t.Fatalf("after %d bytes: %v", len(got), err)
-		}
-		got = append(got, p[:n]...)
-	}
-	wg.Wait()
-	if !bytes.Equal(got, sent) {
-		t.Fatal("read-ahead changed the byte stream")
-	}
-	if bc.rbuf != nil {
-		t.Fatal("a drained read-ahead still holds its buffer")
-	}
-	b.Close()
-	if _, err := bc.Read(make([]byte, 10)); err != io.EOF {
-		t.Fatalf("after the peer closed: %v, want EOF", err)
 	}
 }
 

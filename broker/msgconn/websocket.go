@@ -34,7 +34,10 @@ type WebSocket struct {
 	batch  *BatchConn // under the socket's TLS; nil: every record is its own write
 }
 
-var _ ProgressWriter = (*WebSocket)(nil)
+var (
+	_ ProgressWriter = (*WebSocket)(nil)
+	_ Batcher        = (*WebSocket)(nil)
+)
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
 func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
@@ -110,6 +113,22 @@ func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, aft
 		return err
 	}
 	return w.writeMessage(ctx, typ, data, after)
+}
+
+// HoldWrites starts gathering this socket's writes (Batcher); without a
+// BatchConn it does nothing.
+func (w *WebSocket) HoldWrites() {
+	if w.batch != nil {
+		w.batch.Hold()
+	}
+}
+
+// SendHeld ends a HoldWrites (Batcher).
+func (w *WebSocket) SendHeld(ctx context.Context) error {
+	if w.batch == nil {
+		return nil
+	}
+	return w.sendHeld(ctx)
 }
 
 // sendHeld ends a Hold. The last batch leaves after the library's write

@@ -15,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -155,5 +156,85 @@ func TestLargeMessagesLeaveInFewWrites(t *testing.T) {
 	// the rest of each.
 	if n := hostWrites.Load() - before; n > 8 {
 		t.Errorf("a 1 MiB client message took %d writes to the host's socket, want at most 8", n)
+	}
+}
+
+// holdRecorder is the broker's end of a host pipe that implements
+// msgconn.Batcher and records which writes fall inside one hold; binary
+// writes wait for gate.
+type holdRecorder struct {
+	*pipeConn
+	gate              chan struct{}
+	mu                sync.Mutex
+	holding           bool
+	inHold, maxInHold int
+}
+
+func (r *holdRecorder) HoldWrites() {
+	r.mu.Lock()
+	r.holding, r.inHold = true, 0
+	r.mu.Unlock()
+}
+
+func (r *holdRecorder) SendHeld(context.Context) error {
+	r.mu.Lock()
+	r.holding = false
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *holdRecorder) Write(ctx context.Context, typ msgconn.MessageType, data []byte) error {
+	if typ == msgconn.Binary {
+		select {
+		case <-r.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	r.mu.Lock()
+	if r.holding {
+		r.inHold++
+		r.maxInHold = max(r.maxInHold, r.inHold)
+	}
+	r.mu.Unlock()
+	return r.pipeConn.Write(ctx, typ, data)
+}
+
+// The host writer drains what queued up behind a slow write in one hold
+// of the transport (one socket write per 256 KiB on the WebSocket), not one
+// write per frame.
+func TestHostWriterHoldsWhileDraining(t *testing.T) {
+	e := newEnv(t, nil)
+	peer, brokerEnd := newPipe(e.pipeN, "127.0.0.1:1")
+	rec := &holdRecorder{pipeConn: brokerEnd, gate: make(chan struct{})}
+	e.served.Add(1)
+	go func() {
+		defer e.served.Done()
+		e.b.Serve(context.Background(), rec)
+	}()
+	e.register(peer, wire.RoleHost, e.hosts[0].id, wire.KindHost, e.hosts[0].token, wire.NewID())
+	if m := readMsg(t, peer); m.Type() != wire.TypeRegistered {
+		t.Fatalf("host registration answered %#v", m)
+	}
+	tok := wire.NewToken()
+	e.publishRoute(peer, "r1", tok)
+	c, id := e.client(peer, 0, wire.KindRoute, tok)
+
+	const n, size = 10, 1000
+	for i := 0; i < n; i++ {
+		sendBinary(t, c, bytes.Repeat([]byte{byte(i)}, size))
+	}
+	// The first frame is stuck in its write; the others wait in the queue.
+	waitFor(t, "all frames queued", func() bool { return e.b.Stats().QueuedBytes == n*(size+wire.HeaderLen) })
+	close(rec.gate)
+	for i := 0; i < n; i++ {
+		if got := readBinary(t, peer); !bytes.Equal(got, dataFrame(id, bytes.Repeat([]byte{byte(i)}, size))) {
+			t.Fatalf("frame %d: host got %d bytes", i, len(got))
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.maxInHold < n {
+		t.Fatalf("the writer drained %d queued frames with at most %d in one hold, want all", n, rec.maxInHold)
 	}
 }

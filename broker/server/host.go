@@ -572,18 +572,45 @@ type outItem struct {
 // writeLoop is the only goroutine that writes to the host socket: control
 // messages first, in order, then stream frames round-robin, one frame per
 // turn, so one bulk upload cannot starve another stream.
+//
+// What is queued leaves in as few socket writes as the transport allows
+// (msgconn.Batcher): held from the first item, sent once the queue is
+// empty, before the writer waits.
 func (h *hostSession) writeLoop() {
 	b := h.b
 	broken := false // after a failed write, only the close is attempted
+	batch, _ := h.conn.(msgconn.Batcher)
+	held := false
+	send := func() {
+		held = false
+		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
+		err := batch.SendHeld(ctx)
+		cancel()
+		if err != nil && !broken {
+			broken = true
+			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
+		}
+	}
 	for {
 		item, fin := h.next(broken)
 		if fin != nil {
+			if held {
+				send()
+			}
 			h.finish(fin, broken)
 			return
 		}
 		if item == nil {
+			if held {
+				send()
+				continue
+			}
 			<-h.wake
 			continue
+		}
+		if batch != nil && !held && !broken {
+			batch.HoldWrites()
+			held = true
 		}
 		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
 		err := h.conn.Write(ctx, item.typ, item.data)

@@ -300,6 +300,17 @@ func (s *session) open(m wire.Open) {
 	s.streams[id] = st
 	s.closed.remove(id)
 	s.mu.Unlock()
+	if st.credit {
+		// The stream may buffer StreamBufferBytes: grant the broker that
+		// window at once rather than the initial 256 KiB, which would bound
+		// an upload to 256 KiB per grant round trip.
+		st.mu.Lock()
+		g := st.recv.Widen(int64(s.c.cfg.StreamBufferBytes - wire.InitialWindow))
+		st.mu.Unlock()
+		if g > 0 {
+			s.queueGrant(st, g)
+		}
+	}
 	s.c.count("open")
 	if !s.c.ln.offer(st) {
 		s.reset(st, "the front is not accepting")

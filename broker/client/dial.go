@@ -77,6 +77,7 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 	log := cfg.Log.With().Str("broker", u.Host).Str("connection_id", connID.String()).Logger()
 
 	var local, remote net.Addr
+	var batch *msgconn.BatchConn // under the socket's TLS
 	dialer := &net.Dialer{KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		Proxy: nil, // a proxy would see the upgrade; Reach dials directly
@@ -88,7 +89,8 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 			if err != nil {
 				return nil, err
 			}
-			tc := tls.Client(raw, &tls.Config{
+			batch = msgconn.NewBatchConn(raw)
+			tc := tls.Client(batch, &tls.Config{
 				ServerName: u.Hostname(),
 				RootCAs:    cfg.RootCAs,
 				MinVersion: tls.VersionTLS12,
@@ -130,6 +132,9 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("reach: connect to broker %s: %w", u.Host, err)
 	}
 	conn := msgconn.FromWebSocket(ws, u.Host)
+	if batch != nil {
+		conn.SetBatch(batch)
+	}
 	// Text messages are at most 4096 bytes, stream messages at most 1 MiB.
 	conn.SetReadLimit(wire.MaxClientFrame)
 

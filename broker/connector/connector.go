@@ -144,15 +144,25 @@ func New(cfg Config) (*Connector, error) {
 
 // dialWebSocket opens the broker's WebSocket and adapts it.
 func (c *Connector) dialWebSocket(ctx context.Context) (msgconn.Conn, *http.Response, error) {
-	ws, resp, err := websocket.Dial(ctx, c.cfg.BrokerURL, &websocket.DialOptions{
+	slot := &batchSlot{}
+	ws, resp, err := websocket.Dial(context.WithValue(ctx, batchSlot{}, slot), c.cfg.BrokerURL, &websocket.DialOptions{
 		HTTPClient:      c.client,
 		CompressionMode: websocket.CompressionDisabled,
 	})
 	if err != nil {
 		return nil, resp, err
 	}
-	return msgconn.FromWebSocket(ws, "broker"), resp, nil
+	w := msgconn.FromWebSocket(ws, "broker")
+	if slot.bc != nil {
+		w.SetBatch(slot.bc)
+	}
+	return w, resp, nil
 }
+
+// batchSlot, in a dial's context (and as its key), receives the BatchConn
+// the transport put under the socket's TLS, so each DATA frame leaves in
+// one write instead of one per 4 KiB record.
+type batchSlot struct{ bc *msgconn.BatchConn }
 
 // errRedirect refuses every redirect of the upgrade request: one could lead
 // to ws:// or to another host, and the broker URL is exact.
@@ -192,7 +202,11 @@ func newHTTPClient(cfg Config) *http.Client {
 			}
 			c := tlsConfig.Clone()
 			c.ServerName = host
-			tc := tls.Client(raw, c)
+			bc := msgconn.NewBatchConn(raw)
+			if slot, ok := ctx.Value(batchSlot{}).(*batchSlot); ok {
+				slot.bc = bc
+			}
+			tc := tls.Client(bc, c)
 			if err := tc.HandshakeContext(ctx); err != nil {
 				raw.Close()
 				return nil, &tlsError{err}

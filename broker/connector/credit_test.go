@@ -103,6 +103,11 @@ func TestCreditOfferIsAnsweredAndWindowsKept(t *testing.T) {
 	id := wire.NewID()
 	h.Open(id)
 	st := accept(t, c)
+	// The stream's buffer (2 MiB by default), not the initial 256 KiB, is
+	// the broker's window for it: the rest is granted at open.
+	if f := rawFrame(t, h); f.Flags != wire.FlagWindow || f.StreamID != id || int(f.Increment()) != 2<<20-wire.InitialWindow {
+		t.Fatalf("at open: flags %d, increment %d, want a WINDOW of %d", f.Flags, f.Increment(), 2<<20-wire.InitialWindow)
+	}
 	go st.Write(make([]byte, 600<<10))
 	got := 0
 	for got < wire.InitialWindow {

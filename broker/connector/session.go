@@ -300,6 +300,17 @@ func (s *session) open(m wire.Open) {
 	s.streams[id] = st
 	s.closed.remove(id)
 	s.mu.Unlock()
+	if st.credit {
+		// The stream may buffer StreamBufferBytes: grant the broker that
+		// window at once rather than the initial 256 KiB, which would bound
+		// an upload to 256 KiB per grant round trip.
+		st.mu.Lock()
+		g := st.recv.Widen(int64(s.c.cfg.StreamBufferBytes - wire.InitialWindow))
+		st.mu.Unlock()
+		if g > 0 {
+			s.queueGrant(st, g)
+		}
+	}
 	s.c.count("open")
 	if !s.c.ln.offer(st) {
 		s.reset(st, "the front is not accepting")
@@ -509,18 +520,38 @@ func (s *session) scheduleLocked(st *stream) {
 
 // writeLoop is the only writer of the socket. Every write has its own
 // deadline; one that misses it ends the registration.
+//
+// What is queued leaves in as few socket writes as the transport allows
+// (msgconn.Batcher): held from the first message, sent once the queue is
+// empty, before the writer waits.
 func (s *session) writeLoop() {
+	batch, _ := s.ws.(msgconn.Batcher)
+	held := false
 	for {
 		typ, data, ok := s.next()
 		if !ok {
+			if held {
+				s.sendHeld(batch)
+			}
 			return
 		}
 		if data == nil {
+			if held {
+				held = false
+				if !s.sendHeld(batch) {
+					return
+				}
+				continue
+			}
 			select {
 			case <-s.wake:
 			case <-s.done:
 			}
 			continue
+		}
+		if batch != nil && !held {
+			batch.HoldWrites()
+			held = true
 		}
 		// The deadline decides the outcome before it cuts the socket, so
 		// the reader, which sees the cut too, cannot report it as
@@ -537,6 +568,23 @@ func (s *session) writeLoop() {
 			return
 		}
 	}
+}
+
+// sendHeld writes what the writer gathered, within WriteTimeout; false
+// ends the registration as a failed write would.
+func (s *session) sendHeld(batch msgconn.Batcher) bool {
+	// As for a message: the deadline decides the outcome, then cuts.
+	deadline := time.AfterFunc(s.c.cfg.WriteTimeout, func() {
+		s.c.count("write_timeout")
+		s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
+	})
+	err := batch.SendHeld(context.Background())
+	deadline.Stop()
+	if err != nil {
+		s.fail(codeWrite, "a write to the broker failed", 0, "")
+		return false
+	}
+	return true
 }
 
 // next picks what to write: control messages first (they are small and

@@ -100,3 +100,13 @@ type Conn interface {
 type ProgressWriter interface {
 	WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error
 }
+
+// Batcher is a Conn that can gather the messages of a writer draining its
+// queue into as few socket writes as possible: HoldWrites before the
+// first, SendHeld once the queue is empty (or before the writer waits).
+// SendHeld's write is bounded by ctx: when it ends first, the socket is
+// cut. Only the single writer of a Conn calls them, in pairs.
+type Batcher interface {
+	HoldWrites()
+	SendHeld(ctx context.Context) error
+}

@@ -31,14 +31,23 @@ type WebSocket struct {
 	c      *websocket.Conn
 	rd     Reader
 	remote string
+	batch  *BatchConn // under the socket's TLS; nil: every record is its own write
 }
 
-var _ ProgressWriter = (*WebSocket)(nil)
+var (
+	_ ProgressWriter = (*WebSocket)(nil)
+	_ Batcher        = (*WebSocket)(nil)
+)
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
 func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
 	return &WebSocket{c: c, remote: remote}
 }
+
+// SetBatch makes every message above 4 KiB leave through b in as few
+// writes as possible (see BatchConn). b must be the connection under this
+// socket's TLS. Call it before the first Write.
+func (w *WebSocket) SetBatch(b *BatchConn) { w.batch = b }
 
 // Read returns the next message, lent until the next Read or Release.
 //
@@ -95,6 +104,44 @@ func (w *WebSocket) WriteProgress(ctx context.Context, typ MessageType, data []b
 // write sends data as one message, fragmented above 64 KiB; after is
 // called, when set, once each fragment has been written.
 func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
+	if w.batch != nil && len(data) > batchMin {
+		w.batch.Hold()
+		err := w.writeMessage(ctx, typ, data, after)
+		if rerr := w.sendHeld(ctx); err == nil {
+			err = rerr
+		}
+		return err
+	}
+	return w.writeMessage(ctx, typ, data, after)
+}
+
+// HoldWrites starts gathering this socket's writes (Batcher); without a
+// BatchConn it does nothing.
+func (w *WebSocket) HoldWrites() {
+	if w.batch != nil {
+		w.batch.Hold()
+	}
+}
+
+// SendHeld ends a HoldWrites (Batcher).
+func (w *WebSocket) SendHeld(ctx context.Context) error {
+	if w.batch == nil {
+		return nil
+	}
+	return w.sendHeld(ctx)
+}
+
+// sendHeld ends a Hold. The last batch leaves after the library's write
+// returned, outside its watch of ctx, so ctx ending meanwhile cuts the
+// socket here, as it would in the library: a peer that stops reading
+// cannot hold the writer past its deadline.
+func (w *WebSocket) sendHeld(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
+	defer stop()
+	return w.batch.Release()
+}
+
+func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, data []byte, after func()) error {
 	if len(data) <= fragment {
 		err := w.c.Write(ctx, websocket.MessageType(typ), data)
 		if err == nil && after != nil {

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -440,8 +439,11 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 	}
 	s.touch()
 	// The payload aliases the transport's read buffer, lent only until the
-	// next Read: the queue keeps a copy of exactly the payload.
-	return h.enqueueDown(ctx, s, bytes.Clone(f.Payload))
+	// next Read: the queue keeps a copy of exactly the payload (pooled; the
+	// stream's writeLoop gives it back once written).
+	p := getFrame(len(f.Payload))
+	copy(p, f.Payload)
+	return h.enqueueDown(ctx, s, p)
 }
 
 // enqueueDown queues DATA for stream s's client. When that queue is full the
@@ -469,6 +471,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				if k := len(s.down); k >= b.cfg.StreamQueueFrames {
 					// Many small frames: the queue stays at 32 entries.
 					s.down[k-1] = append(s.down[k-1], payload...)
+					putFrame(payload) // copied
 				} else {
 					s.down = append(s.down, payload)
 				}
@@ -568,29 +571,60 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 type outItem struct {
 	typ    msgconn.MessageType
 	data   []byte
-	budget int // bytes to return to the broker budget once written
+	budget int  // bytes to return to the broker budget once written
+	whole  bool // data is a whole queued frame: its buffer goes back once written
 }
 
 // writeLoop is the only goroutine that writes to the host socket: control
 // messages first, in order, then stream frames round-robin, one frame per
 // turn, so one bulk upload cannot starve another stream.
+//
+// What is queued leaves in as few socket writes as the transport allows
+// (msgconn.Batcher): held from the first item, sent once the queue is
+// empty, before the writer waits.
 func (h *hostSession) writeLoop() {
 	b := h.b
 	broken := false // after a failed write, only the close is attempted
+	batch, _ := h.conn.(msgconn.Batcher)
+	held := false
+	send := func() {
+		held = false
+		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
+		err := batch.SendHeld(ctx)
+		cancel()
+		if err != nil && !broken {
+			broken = true
+			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
+		}
+	}
 	for {
 		item, fin := h.next(broken)
 		if fin != nil {
+			if held {
+				send()
+			}
 			h.finish(fin, broken)
 			return
 		}
 		if item == nil {
+			if held {
+				send()
+				continue
+			}
 			<-h.wake
 			continue
+		}
+		if batch != nil && !held && !broken {
+			batch.HoldWrites()
+			held = true
 		}
 		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
 		err := h.conn.Write(ctx, item.typ, item.data)
 		cancel()
 		b.budget.release(item.budget)
+		if item.whole {
+			putFrame(item.data)
+		}
 		if err != nil {
 			broken = true
 			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
@@ -678,7 +712,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			} else {
 				h.rr.Advance()
 			}
-			return &outItem{typ: msgconn.Binary, data: f, budget: len(f)}, nil
+			return &outItem{typ: msgconn.Binary, data: f, budget: len(f), whole: true}, nil
 		}
 		if s.upClose {
 			s.upClose = false

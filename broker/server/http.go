@@ -60,9 +60,18 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 		return // Accept already answered the request
 	}
 	wc := msgconn.FromWebSocket(ws, r.RemoteAddr)
+	if c, ok := r.Context().Value(netConnKey{}).(*tls.Conn); ok {
+		if bc, ok := c.NetConn().(*msgconn.BatchConn); ok {
+			wc.SetBatch(bc)
+		}
+	}
 	b.Serve(r.Context(), wc)
 	wc.Release() // Serve's reader is done with it
 }
+
+// netConnKey carries a request's connection in its context (ConnContext),
+// so the upgraded socket finds the BatchConn under its TLS.
+type netConnKey struct{}
 
 // ListenAndServe listens on Config.Listen and serves until ctx ends, then
 // stops the broker (Close) and returns nil.
@@ -84,6 +93,9 @@ func (b *Broker) ServeListener(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          log.New(b.log, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, netConnKey{}, c)
+		},
 	}
 	if !b.cfg.InsecurePlaintext {
 		srv.TLSConfig = &tls.Config{
@@ -108,7 +120,7 @@ func (b *Broker) ServeListener(ctx context.Context, ln net.Listener) error {
 			}
 			srv.TLSConfig.Certificates = []tls.Certificate{cert}
 		}
-		ln = tls.NewListener(ln, srv.TLSConfig)
+		ln = tls.NewListener(batchListener{ln}, srv.TLSConfig)
 	}
 	b.log.Info().Str("listen", ln.Addr().String()).Bool("tls", !b.cfg.InsecurePlaintext).Msg("reach broker listening")
 	errc := make(chan error, 1)
@@ -128,4 +140,15 @@ func (b *Broker) ServeListener(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("broker: serve: %w", serveErr)
 	}
 	return nil
+}
+
+// batchListener puts a BatchConn under every accepted connection's TLS.
+type batchListener struct{ net.Listener }
+
+func (l batchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return msgconn.NewBatchConn(c), nil
 }

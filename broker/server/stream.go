@@ -209,7 +209,7 @@ func (s *stream) awaitCredit(ctx context.Context) bool {
 // meanwhile — and never closes the stream for it.
 func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 	b, h := s.b, s.h
-	frames := wire.SplitData(s.id, data, 0)
+	frames := s.framesUp(data)
 	n := len(data) + wire.HeaderLen*len(frames)
 	paused := false
 	for {
@@ -256,6 +256,20 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 	}
 }
 
+// framesUp copies one client message into DATA frames for the host: one
+// pooled frame when it fits (the host's writeLoop gives it back once
+// written), else SplitData's frames.
+func (s *stream) framesUp(data []byte) [][]byte {
+	if wire.HeaderLen+len(data) > wire.MaxHostFrameOut {
+		return wire.SplitData(s.id, data, 0)
+	}
+	f, err := wire.AppendFrame(getFrame(wire.HeaderLen + len(data))[:0], wire.Frame{Flags: wire.FlagData, StreamID: s.id, Payload: data})
+	if err != nil { // not reached: data is not empty and fits
+		return wire.SplitData(s.id, data, 0)
+	}
+	return [][]byte{f}
+}
+
 // writeLoop is the only goroutine writing to the client after `matched`.
 // The host's payloads go out coalesced into messages of up to
 // ClientWriteChunk bytes (takeDown).
@@ -283,7 +297,7 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 			}
 			continue
 		}
-		p, n := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
+		p, n, whole := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
 		credit := s.credit
 		wctx, cancel := context.WithCancel(ctx)
 		s.writeCancel = cancel
@@ -293,6 +307,8 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 		err := s.writeMessage(wctx, p)
 		if n > 0 {
 			b.coalesce.Put(&p)
+		} else if whole {
+			putFrame(p) // written, and no longer in the queue
 		}
 
 		h.mu.Lock()
@@ -343,20 +359,22 @@ func (s *stream) startCreditLocked() {
 // takeDown (h.mu held, s.down not empty) takes the next client message:
 // everything queued, up to max bytes, in one message. It never waits for
 // more to arrive, so a small message leaves as soon as the writer is free.
-// A lone payload is sent as it is (or its first max bytes); several are
-// copied into a pooled buffer, and n > 0 says the buffer must go back.
-func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int) {
+// A lone payload is sent as it is (or its first max bytes; whole says it
+// left the queue entirely); several are copied into a pooled buffer, and
+// n > 0 says the buffer must go back.
+func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bool) {
 	first := s.down[0]
 	if len(first) >= max || len(s.down) == 1 {
 		msg = first[:min(len(first), max)]
-		if len(msg) == len(first) {
+		whole = len(msg) == len(first)
+		if whole {
 			s.down[0] = nil
 			s.down = s.down[1:]
 		} else {
 			s.down[0] = first[len(msg):]
 		}
 		s.downBytes -= len(msg)
-		return msg, 0
+		return msg, 0, whole
 	}
 	bp := pool.Get().(*[]byte)
 	buf := (*bp)[:0]
@@ -367,12 +385,13 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int) {
 		if k == len(p) {
 			s.down[0] = nil
 			s.down = s.down[1:]
+			putFrame(p) // copied, and no longer in the queue
 		} else {
 			s.down[0] = p[k:]
 		}
 	}
 	s.downBytes -= len(buf)
-	return buf, len(buf)
+	return buf, len(buf), false
 }
 
 // writeMessage writes one client message. Its deadline is WriteTimeout

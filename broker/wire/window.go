@@ -120,6 +120,22 @@ func (r *RecvWindow) Due(limit int64) uint32 {
 	return uint32(g)
 }
 
+// Widen grants n bytes of credit beyond what was drained, at once: for a
+// receiver whose buffer is larger than the initial window, so one stream
+// is not held to 256 KiB in flight (a bulk stream over a link with a few
+// milliseconds of round trip). It returns the increment to send, capped so
+// the window stays at most MaxWindow, and counts it as granted.
+func (r *RecvWindow) Widen(n int64) uint32 {
+	g := min(n, MaxWindow-r.win.avail)
+	if g <= 0 {
+		return 0
+	}
+	pay := min(g, r.win.debt)
+	r.win.debt -= pay
+	r.win.avail += g - pay
+	return uint32(g)
+}
+
 // Credit is what the sender may still send, as the receiver sees it.
 func (r *RecvWindow) Credit() int { return r.win.Avail() }
 

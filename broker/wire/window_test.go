@@ -254,3 +254,21 @@ func TestShutdownReason(t *testing.T) {
 		}
 	}
 }
+
+// Widen grants credit beyond what was drained, counted like any grant and
+// never past MaxWindow.
+func TestRecvWindowWiden(t *testing.T) {
+	r := NewRecvWindow()
+	if g := r.Widen(2<<20 - InitialWindow); g != 2<<20-InitialWindow || r.Credit() != 2<<20 {
+		t.Fatalf("widen to 2 MiB: increment %d, credit %d", g, r.Credit())
+	}
+	if !r.Receive(2<<20) || r.Receive(1) {
+		t.Fatal("the widened credit is not exactly what may arrive")
+	}
+	if g := r.Widen(MaxWindow); g != MaxWindow || r.Credit() != MaxWindow {
+		t.Fatalf("widen to the maximum: %d, credit %d", g, r.Credit())
+	}
+	if g := r.Widen(1); g != 0 || r.Credit() != MaxWindow {
+		t.Fatalf("widen past the maximum: %d, credit %d", g, r.Credit())
+	}
+}

@@ -1,0 +1,203 @@
+package msgconn
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// tcpPair is a real loopback TCP connection: a (the side under test) and b.
+func tcpPair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	a, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = <-acc
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+type countingConn struct {
+	net.Conn
+	writes atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// Held writes leave in one write, in order, and a write by another
+// goroutine meanwhile (a pong) leaves with them, whole.
+func TestBatchConnGathersHeldWritesInOrder(t *testing.T) {
+	a, b := tcpPair(t)
+	cc := &countingConn{Conn: a}
+	bc := NewBatchConn(cc)
+	var want bytes.Buffer
+	bc.Hold()
+	for i := 0; i < 16; i++ {
+		chunk := bytes.Repeat([]byte{byte('a' + i)}, 4096)
+		want.Write(chunk)
+		if _, err := bc.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pong := []byte("PONG")
+	done := make(chan struct{})
+	go func() { bc.Write(pong); close(done) }()
+	<-done // joins the batch: it does not wait for the Release
+	want.Write(pong)
+	if n := cc.writes.Load(); n != 0 {
+		t.Fatalf("%d writes before Release", n)
+	}
+	if err := bc.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if n := cc.writes.Load(); n != 1 {
+		t.Fatalf("%d writes for one held batch, want 1", n)
+	}
+	// Not held: straight through.
+	tail := []byte("tail")
+	bc.Write(tail)
+	want.Write(tail)
+	if n := cc.writes.Load(); n != 2 {
+		t.Fatalf("%d writes after an unheld write, want 2", n)
+	}
+	got := make([]byte, want.Len())
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(b, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Fatal("bytes arrived out of order or changed")
+	}
+	if bc.buf != nil {
+		t.Fatal("an empty batch still holds its buffer")
+	}
+}
+
+// A batch the peer never reads blocks its Release, but a write that arrives
+// meanwhile (TLS's close alert) returns at once and Close ends the stuck
+// write.
+func TestBatchConnCloseDoesNotWaitForAStuckBatch(t *testing.T) {
+	a, _ := tcpPair(t) // b never reads
+	bc := NewBatchConn(a)
+	big := make([]byte, 8<<20) // beyond both socket buffers
+	released := make(chan error, 1)
+	go func() {
+		bc.Hold()
+		bc.Write(big)
+		released <- bc.Release()
+	}()
+	waitUntil(t, func() bool {
+		bc.mu.Lock()
+		defer bc.mu.Unlock()
+		return bc.flushing
+	})
+	wrote := make(chan struct{})
+	go func() { bc.Write([]byte("alert")); close(wrote) }()
+	select {
+	case <-wrote:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a write waited behind a stuck batch")
+	}
+	bc.Close()
+	select {
+	case err := <-released:
+		if err == nil {
+			t.Fatal("the stuck batch reported success after Close")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end the stuck batch")
+	}
+	if _, err := bc.Write([]byte("x")); err == nil {
+		t.Fatal("a write after a failed batch succeeded")
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not reached")
+}
+
+// A batched message to a peer that stopped reading fails once its context
+// ends, like an unbatched one: the last batch, written after the library
+// returned, is cut with the socket instead of blocking forever.
+func TestBatchedWriteToAStuckPeerEndsWithItsContext(t *testing.T) {
+	stuck := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		<-stuck // never reads
+		c.CloseNow()
+	}))
+	defer srv.Close()
+	defer close(stuck)
+	var bc *BatchConn
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		bc = NewBatchConn(raw)
+		return bc, nil
+	}}}
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http"), &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := FromWebSocket(ws, "peer")
+	w.SetBatch(bc)
+	msg := make([]byte, 200<<10) // below the batch limit: only the last batch writes
+	failed := make(chan error, 1)
+	go func() {
+		for i := 0; i < 1000; i++ { // 200 MB: far beyond both socket buffers
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			err := w.Write(ctx, Binary, msg)
+			cancel()
+			if err != nil {
+				failed <- err
+				return
+			}
+		}
+		failed <- nil
+	}()
+	select {
+	case err := <-failed:
+		if err == nil {
+			t.Fatal("200 MB went to a peer that reads nothing")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a write to a stuck peer outlived its context")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -259,6 +260,12 @@ func openIdleStreams(ctx context.Context, pool *x509.CertPool, jobs []*idleHost,
 		repeats  atomic.Int64
 	)
 	open := func(h *idleHost) error {
+		// A host that lost its registration (a starved load core misses
+		// pongs) reconnects by itself; wait for it rather than publish
+		// into a dead session.
+		if err := waitConnected([]*idleHost{h}, 60*time.Second); err != nil {
+			return err
+		}
 		bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer bcancel()
 		b, err := h.c.PublishBootstrap(bctx, wire.DefaultBootstrapTTL)
@@ -301,7 +308,7 @@ func openIdleStreams(ctx context.Context, pool *x509.CertPool, jobs []*idleHost,
 	wg.Wait()
 	retries = repeats.Load()
 	if e := firstErr.Load(); e != nil {
-		return clients, retries, fmt.Errorf("opening idle streams: %v", e)
+		return clients, retries, fmt.Errorf("opening idle streams: %v (%s)", e, hostsSummary(uniq))
 	}
 	// Every stream must have reached its host, or it is not a stream yet.
 	deadline := time.Now().Add(30 * time.Second)
@@ -310,7 +317,9 @@ func openIdleStreams(ctx context.Context, pool *x509.CertPool, jobs []*idleHost,
 		for h := range uniq {
 			n += h.accepted()
 		}
-		if n == want {
+		// More than want: a retried open whose first try the client gave
+		// up on still reached its host (and was closed by the client).
+		if n >= want {
 			return clients, retries, nil
 		}
 		if time.Now().After(deadline) {
@@ -318,6 +327,24 @@ func openIdleStreams(ctx context.Context, pool *x509.CertPool, jobs []*idleHost,
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// hostsSummary says how many of hosts are registered and why their
+// connectors reconnected, for an error message.
+func hostsSummary(hosts map[*idleHost]bool) string {
+	up := 0
+	why := map[string]int64{}
+	for h := range hosts {
+		if h.c.Status().State == connector.StateConnected {
+			up++
+		}
+		for k, v := range h.c.Counts() {
+			if strings.HasPrefix(k, "reconnect:") {
+				why[k] += v
+			}
+		}
+	}
+	return fmt.Sprintf("%d of %d hosts registered; reconnects %v", up, len(hosts), why)
 }
 
 // openAttempts bounds the tries of one idle stream open.

@@ -125,28 +125,35 @@ type opFigure struct {
 	retries int64
 	secs    float64
 	cpuUS   float64
-	err     string
+	// idleUS is the broker's CPU per second with nothing but keepalive
+	// moving at this table size (measured just before); net_us_per_op
+	// takes idleUS × secs out of cpuUS, so the pings of thousands of idle
+	// sockets are not charged to the operations of the window.
+	idleUS float64
+	err    string
 }
 
 // line renders the figure as the key=value line bench/scale.sh reads:
 // us_per_op is broker CPU per operation, per_s the measured rate, busy_pct
-// the share of the broker's core the phase used and per_core_s the rate one
-// broker core could sustain at that cost (1e6 / us_per_op). An error, if
-// any, comes last (it may hold spaces).
+// the share of the broker's core the phase used; net_us_per_op is CPU per
+// operation beyond the idle baseline and per_core_s the rate one broker
+// core could sustain at that cost (1e6 / net_us_per_op). An error, if any,
+// comes last (it may hold spaces).
 func (f opFigure) line() string {
-	per, rate, busy, ceiling := 0.0, 0.0, 0.0, 0.0
+	per, net, rate, busy, ceiling := 0.0, 0.0, 0.0, 0.0, 0.0
 	if f.ops > 0 {
 		per = f.cpuUS / float64(f.ops)
+		net = max(0, f.cpuUS-f.idleUS*f.secs) / float64(f.ops)
 	}
 	if f.secs > 0 {
 		rate = float64(f.ops) / f.secs
 		busy = f.cpuUS / f.secs / 1e4
 	}
-	if per > 0 {
-		ceiling = 1e6 / per
+	if net > 0 {
+		ceiling = 1e6 / net
 	}
-	s := fmt.Sprintf("phase=%s level=%d ops=%d errors=%d retries=%d secs=%.2f cpu_us=%.0f us_per_op=%.1f per_s=%.0f busy_pct=%.0f per_core_s=%.0f",
-		f.phase, f.level, f.ops, f.errors, f.retries, f.secs, f.cpuUS, per, rate, busy, ceiling)
+	s := fmt.Sprintf("phase=%s level=%d ops=%d errors=%d retries=%d secs=%.2f cpu_us=%.0f idle_us_per_s=%.0f us_per_op=%.1f net_us_per_op=%.1f per_s=%.0f busy_pct=%.0f per_core_s=%.0f",
+		f.phase, f.level, f.ops, f.errors, f.retries, f.secs, f.cpuUS, f.idleUS, per, net, rate, busy, ceiling)
 	if f.err != "" {
 		s += " error=" + f.err
 	}
@@ -234,6 +241,22 @@ func routeFor(ctx context.Context, h *idleHost, i int) (reachCred, error) {
 	return reachCred{rc.BrokerURL, rc.HostID, "route", wire.Secret(rc.Token)}, nil
 }
 
+// idleCPU is the broker's CPU per second over d in which the load side
+// starts nothing, and the sample at its end.
+func idleCPU(roots []int, d time.Duration) (float64, procSample, error) {
+	s0, err := sampleProcs(roots)
+	if err != nil {
+		return 0, s0, err
+	}
+	t := time.Now()
+	time.Sleep(d)
+	s1, err := sampleProcs(roots)
+	if err != nil {
+		return 0, s1, err
+	}
+	return (s1.cpuMicros() - s0.cpuMicros()) / time.Since(t).Seconds(), s1, nil
+}
+
 // ---------------------------------------------------------------- reach-scale
 
 func cmdReachScale(args []string) error {
@@ -251,6 +274,7 @@ func cmdReachScale(args []string) error {
 	par := fs.Int("parallel", 16, "registrations and stream opens in flight while filling")
 	settle := fs.Duration("settle", 3*time.Second, "wait before each idle sample")
 	keepalive := fs.Duration("keepalive", 0, "if set, measure the broker's CPU over this idle window at the largest level")
+	baseline := fs.Duration("baseline", wire.PingInterval, "idle window before each level's churn (the broker's CPU with keepalive only); one ping interval")
 	var w window
 	w.flags(fs, time.Second, "broker pid")
 	fs.Parse(args)
@@ -269,7 +293,7 @@ func cmdReachScale(args []string) error {
 	}
 	if *idleN < 1 || *perHost < 1 || *perHost > maxStreamsPerHst || *workers < 1 || *workers > maxChurnWorkers ||
 		*regN < *workers || *matchN < *workers || *par < 1 || *par > 256 || *settle < 0 || *settle > maxDuration ||
-		*keepalive < 0 || *keepalive > maxDuration {
+		*keepalive < 0 || *keepalive > maxDuration || *baseline <= 0 || *baseline > maxDuration {
 		return errors.New("bad -idle-hosts/-streams-per-host/-workers/-reg-hosts/-match-hosts/-parallel/-settle/-keepalive (reg and match hosts must be at least -workers)")
 	}
 	if top := levels[len(levels)-1]; (top+*perHost-1) / *perHost > *idleN {
@@ -337,6 +361,13 @@ func cmdReachScale(args []string) error {
 		creds[i] = rc.config(pool)
 	}
 
+	// The idle baseline with the hosts alone, for the first fill.
+	time.Sleep(*settle)
+	prevIdle, _, err := idleCPU(roots, *baseline)
+	if err != nil {
+		return err
+	}
+
 	streams := 0
 	for _, level := range levels {
 		// Fill the stream table to level: each stream a bootstrap the host
@@ -359,8 +390,8 @@ func cmdReachScale(args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Println(opFigure{phase: "fill", level: level, ops: int64(len(jobs)), retries: retries, secs: time.Since(t).Seconds(),
-			cpuUS: f1.cpuMicros() - f0.cpuMicros()}.line())
+		fill := opFigure{phase: "fill", level: level, ops: int64(len(jobs)), retries: retries, secs: time.Since(t).Seconds(),
+			cpuUS: f1.cpuMicros() - f0.cpuMicros()}
 		streams = level
 
 		if level == levels[len(levels)-1] {
@@ -380,6 +411,18 @@ func cmdReachScale(args []string) error {
 				baseM.goroutines, m.goroutines, perSocket(baseM.goroutines, m.goroutines, sockets), m.fds)
 		}
 
+		// The idle baseline at this table size: keepalive only.
+		time.Sleep(*settle)
+		idle, _, err := idleCPU(roots, *baseline)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("phase=baseline level=%d secs=%.2f idle_us_per_s=%.0f core_pct=%.2f\n", level, baseline.Seconds(), idle, idle/1e4)
+		// The table grew during the fill: its baseline is between the two.
+		fill.idleUS = (prevIdle + idle) / 2
+		prevIdle = idle
+		fmt.Println(fill.line())
+
 		// Registration churn at this table size.
 		// (The loop's byte count carries the reconnects.)
 		res, err := w.loop(*workers, func(i int) (int64, error) {
@@ -388,7 +431,7 @@ func cmdReachScale(args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Println(opFigure{phase: "register", level: level, ops: res.ok, errors: res.fail, retries: res.bytes, secs: res.secs, cpuUS: res.cpu, err: res.lastErr}.line())
+		fmt.Println(opFigure{phase: "register", level: level, ops: res.ok, errors: res.fail, retries: res.bytes, secs: res.secs, cpuUS: res.cpu, idleUS: idle, err: res.lastErr}.line())
 
 		// Match churn: a client stream opened with a route credential and
 		// closed again; worker i uses the hosts i, i+workers, ... in turn.
@@ -410,25 +453,17 @@ func cmdReachScale(args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Println(opFigure{phase: "match", level: level, ops: res.ok, errors: res.fail, secs: res.secs, cpuUS: res.cpu, err: res.lastErr}.line())
+		fmt.Println(opFigure{phase: "match", level: level, ops: res.ok, errors: res.fail, secs: res.secs, cpuUS: res.cpu, idleUS: idle, err: res.lastErr}.line())
 	}
 
 	if *keepalive > 0 {
 		time.Sleep(*settle)
-		k0, err := sampleProcs(roots)
+		rate, end, err := idleCPU(roots, *keepalive)
 		if err != nil {
 			return err
 		}
-		t := time.Now()
-		time.Sleep(*keepalive)
-		k1, err := sampleProcs(roots)
-		if err != nil {
-			return err
-		}
-		secs := time.Since(t).Seconds()
-		cpu := k1.cpuMicros() - k0.cpuMicros()
 		fmt.Printf("phase=keepalive level=%d sockets=%d secs=%.1f cpu_us=%.0f core_pct=%.2f rss_kib=%d\n",
-			streams, len(hosts)+len(mhosts)+streams, secs, cpu, cpu/secs/1e4, k1.rssKiB)
+			streams, len(hosts)+len(mhosts)+streams, keepalive.Seconds(), rate*keepalive.Seconds(), rate/1e4, end.rssKiB)
 	}
 	return nil
 }

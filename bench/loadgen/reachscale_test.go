@@ -35,10 +35,11 @@ func kvOf(line, key string) string {
 }
 
 func TestOpFigureLine(t *testing.T) {
-	l := opFigure{phase: "match", level: 5000, ops: 400, errors: 2, retries: 3, secs: 2, cpuUS: 200000, err: "broker said quota_exceeded"}.line()
+	// 200 ms of broker CPU in 2 s, 40 ms/s of it keepalive: 120 ms net.
+	l := opFigure{phase: "match", level: 5000, ops: 400, errors: 2, retries: 3, secs: 2, cpuUS: 200000, idleUS: 40000, err: "broker said quota_exceeded"}.line()
 	want := map[string]string{
 		"phase": "match", "level": "5000", "ops": "400", "errors": "2", "retries": "3", "secs": "2.00", "cpu_us": "200000",
-		"us_per_op": "500.0", "per_s": "200", "busy_pct": "10", "per_core_s": "2000",
+		"idle_us_per_s": "40000", "us_per_op": "500.0", "net_us_per_op": "300.0", "per_s": "200", "busy_pct": "10", "per_core_s": "3333",
 	}
 	for k, v := range want {
 		if got := kvOf(l, k); got != v {
@@ -54,13 +55,17 @@ func TestOpFigureLine(t *testing.T) {
 	}
 	// Nothing measured: zeros, no division by zero, no error key.
 	z := opFigure{phase: "register", level: 0}.line()
-	for _, k := range []string{"us_per_op", "per_s", "busy_pct", "per_core_s"} {
+	for _, k := range []string{"us_per_op", "net_us_per_op", "per_s", "busy_pct", "per_core_s"} {
 		if v := kvOf(z, k); strings.Trim(v, "0.") != "" {
 			t.Errorf("empty figure: %s = %q", k, v)
 		}
 	}
 	if strings.Contains(z, "error=") || strings.Contains(z, "NaN") || strings.Contains(z, "Inf") {
 		t.Errorf("empty figure: %q", z)
+	}
+	// A baseline larger than the window's CPU (noise) is not a negative cost.
+	if n := kvOf(opFigure{ops: 10, secs: 1, cpuUS: 1000, idleUS: 5000}.line(), "net_us_per_op"); n != "0.0" {
+		t.Errorf("net below the baseline = %q; want 0.0", n)
 	}
 }
 

@@ -30,6 +30,7 @@ SCALE_DIR=$WORK/scale
 SCALE_FULL=${BENCH_SCALE_FULL:-0}
 SCALE_PER_HOST=16 # the broker's default max_streams_per_host
 SCALE_REG_HOSTS=16 SCALE_MATCH_HOSTS=64 SCALE_WORKERS=16
+SCALE_PARALLEL=8 # stream opens in flight while filling
 SCALE_URL="wss://127.0.0.1:$SCALE_PORT/v1/connect"
 SCALE_NOTE="" SCALE_HS=""
 declare -A S
@@ -92,7 +93,7 @@ scale_run() {
 	if SCALE_OUT=$(load "$LG" reach-scale -broker-url "$SCALE_URL" -ca-file "$SCALE_DIR/broker.crt" \
 		-hosts "$SCALE_DIR/hosts.jsonl" -pids "${PID[scale_broker]}" -metrics "127.0.0.1:$SMETRICS_PORT" \
 		-idle-hosts "$SCALE_HOSTS" -levels "$SCALE_LEVELS" -streams-per-host "$SCALE_PER_HOST" \
-		-reg-hosts "$SCALE_REG_HOSTS" -match-hosts "$SCALE_MATCH_HOSTS" -workers "$SCALE_WORKERS" \
+		-reg-hosts "$SCALE_REG_HOSTS" -match-hosts "$SCALE_MATCH_HOSTS" -workers "$SCALE_WORKERS" -parallel "$SCALE_PARALLEL" \
 		-duration "${DUR}s" -warmup "${WARM}s" -settle "$SETTLE" -keepalive "$SCALE_KEEPALIVE" 2>>"$WORK/scale-loadgen.log"); then
 		:
 	else
@@ -130,7 +131,13 @@ scale_row() { # LABEL LOW HIGH TARGET
 scale_fmt() { awk -v v="$1" -v f="${2:-%.0f}" 'BEGIN{ if (v ~ /^-?[0-9.]+$/) printf f, v; else print "" }'; }
 
 scale_table() {
-	local lo=${SCALE_LEVELS%%,*} hi=$SCALE_TOP p k
+	local lo hi p
+	# The levels reached (a fill that fails on a loaded machine stops at the
+	# size it got to, and the figures are taken there).
+	lo=$(awk '$1 == "phase=match" {sub("level=", "", $2); print $2; exit}' <<<"$SCALE_OUT")
+	hi=$(awk '$1 == "phase=match" {sub("level=", "", $2); v = $2} END {print v}' <<<"$SCALE_OUT")
+	lo=${lo:-${SCALE_LEVELS%%,*}} hi=${hi:-$SCALE_TOP}
+	[[ $hi == "$SCALE_TOP" ]] || SCALE_NOTE+="${SCALE_NOTE:+; }the fill to $SCALE_TOP streams stopped at $hi (see bench/results/logs/scale-loadgen.log): the largest level is $hi"
 	echo "Reach broker at scale: securelink broker serve (core $SERVER_CPU, GOMAXPROCS 1), loadgen reach-scale on core $LOAD_CPU"
 	echo "          (real connectors for the hosts, real broker/client streams; broker CPU from /proc)"
 	echo
@@ -192,9 +199,9 @@ scale_table() {
 	echo "  register ${S[raw.register]}, match ${S[raw.match]}, stream open ${S[raw.fill]}."
 	echo "  per core = 1e6 / net µs: the load core (client TLS handshakes) is the limit of the measured"
 	echo "  rate when the broker core is not busy."
-	echo "- stream open: the fill of each level, 16 in flight: PublishBootstrap on the host, then a"
+	echo "- stream open: the fill of each level, $SCALE_PARALLEL in flight: PublishBootstrap on the host, then a"
 	echo "  client match with it (two journal records); CPU over the whole fill; opens tried again"
-	echo "  (publish reply past 30 s or a failed dial): ${S[err.fill]}."
+	echo "  (publish reply past 30 s or a failed dial; at most 6 tries): ${S[err.fill]}."
 	echo "- idle: VmRSS and go_goroutines of the broker at the largest level minus a baseline before the"
 	echo "  first host, over hosts + streams ($SETTLE after the fill; the first level's churn ran before)."
 	echo "  keepalive: broker CPU over $SCALE_KEEPALIVE with nothing moving, after the last churn."

@@ -348,7 +348,7 @@ func hostsSummary(hosts map[*idleHost]bool) string {
 }
 
 // openAttempts bounds the tries of one idle stream open.
-const openAttempts = 3
+const openAttempts = 6
 
 func closeAll(cs []net.Conn) {
 	for _, c := range cs {

@@ -383,8 +383,16 @@ func cmdReachScale(args []string) error {
 		t := time.Now()
 		opened, retries, err := openIdleStreams(ctx, pool, jobs, *par)
 		clients = append(clients, opened...)
+		last := level == levels[len(levels)-1]
 		if err != nil {
-			return err
+			// A loaded machine may fail a fill after thousands of opens:
+			// measure at the size reached, and go no further.
+			if len(opened) == 0 {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "loadgen reach-scale: the fill to %d stopped at %d streams: %v\n", level, streams+len(opened), err)
+			level, last = streams+len(opened), true
+			jobs = jobs[:len(opened)]
 		}
 		f1, err := sampleProcs(roots)
 		if err != nil {
@@ -394,7 +402,7 @@ func cmdReachScale(args []string) error {
 			cpuUS: f1.cpuMicros() - f0.cpuMicros()}
 		streams = level
 
-		if level == levels[len(levels)-1] {
+		if last {
 			time.Sleep(*settle)
 			now, err := sampleProcs(roots)
 			if err != nil {
@@ -454,6 +462,9 @@ func cmdReachScale(args []string) error {
 			return err
 		}
 		fmt.Println(opFigure{phase: "match", level: level, ops: res.ok, errors: res.fail, secs: res.secs, cpuUS: res.cpu, idleUS: idle, err: res.lastErr}.line())
+		if last {
+			break
+		}
 	}
 
 	if *keepalive > 0 {

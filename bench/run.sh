@@ -692,7 +692,7 @@ fi
 CMD="bench/run.sh"
 [[ -n ${MAKELEVEL:-} ]] && CMD="make bench"
 ENVS=""
-for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY BENCH_SCALE_FULL; do
+for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY BENCH_SCALE_FULL BENCH_SCALE_LEVELS BENCH_SCALE_HOSTS BENCH_SCALE_KEEPALIVE; do
 	[[ -n ${!v:-} ]] && ENVS+="$v=${!v} "
 done
 CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)

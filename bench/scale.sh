@@ -19,6 +19,13 @@
 #
 #   BENCH_SCALE_FULL=1  the issue's size: 10,000 hosts and 50,000 streams
 #                       (needs RLIMIT_NOFILE >= ~61,000 per process)
+#   BENCH_SCALE_LEVELS=A,B BENCH_SCALE_HOSTS=N BENCH_SCALE_KEEPALIVE=D
+#                       other stream-table sizes, idle hosts, keepalive window
+#
+# The broker closes a stream idle for 5 min (wire.IdleTimeout, not
+# configurable), so the fill of the largest level and its figures must end
+# within 5 min of the first stream: a loaded machine that fills at a few
+# dozen streams per second needs smaller levels.
 #
 # Descriptors: the broker and loadgen each hold one per socket, so the
 # largest level is bounded by the hard RLIMIT_NOFILE (run.sh raises the soft
@@ -55,6 +62,12 @@ scale_plan() {
 	fi
 	((SCALE_TOP > ${SCALE_LEVELS_BASE##*,})) || die "RLIMIT_NOFILE $limit leaves no room for a second level"
 	SCALE_LEVELS="$SCALE_LEVELS_BASE,$SCALE_TOP"
+	if [[ -n ${BENCH_SCALE_LEVELS:-} ]]; then
+		[[ $BENCH_SCALE_LEVELS =~ ^[0-9]+(,[0-9]+)+$ ]] || die "BENCH_SCALE_LEVELS must be sizes like 2000,6000"
+		SCALE_LEVELS=$BENCH_SCALE_LEVELS SCALE_TOP=${BENCH_SCALE_LEVELS##*,} SCALE_NOTE=""
+		SCALE_HOSTS=${BENCH_SCALE_HOSTS:-$(((SCALE_TOP + SCALE_PER_HOST - 1) / SCALE_PER_HOST))}
+	fi
+	SCALE_KEEPALIVE=${BENCH_SCALE_KEEPALIVE:-$SCALE_KEEPALIVE}
 }
 
 scale_start_broker() {
@@ -174,6 +187,12 @@ scale_table() {
 	pct=$(scale_fmt "$(kv core_pct "$ka")" "%.2f")
 	rss_mib=$(scale_fmt "$(awk -v r="$(kv rss_kib "$il")" 'BEGIN{if (r != "") print r/1024}')")
 	est=$(awk -v k="$kib" 'BEGIN{ if (k ~ /^[0-9.]+$/) printf "%.2f", k*60000/1048576 }')
+	local held="" ok_held="not measured"
+	if [[ -n $(kv broker_streams "$il") ]]; then
+		held="$(kv broker_streams "$il")/$(kv broker_hosts "$il")"
+		ok_held=$([[ $(kv broker_streams "$il") == "$(kv streams "$il")" && $(kv broker_hosts "$il") == "$(kv hosts "$il")" ]] && echo "all held" || echo "LOST some (idle timeout or missed pongs): per-socket figures are off")
+	fi
+	scale_row "streams/hosts the broker holds at the sample" "" "$held" "of $(kv streams "$il")/$(kv hosts "$il") opened: $ok_held"
 	scale_row "RSS KiB per idle socket (hosts + streams)" "" "$kib" "≤ 32: $(reach_verdict "$kib" "<=" 32)"
 	scale_row "goroutines per idle socket" "" "$gor" "≤ 1: $(reach_verdict "$gor" "<=" 1)"
 	scale_row "keepalive: % of a core over ${SCALE_KEEPALIVE} idle" "" "$pct" "≤ 5: $(reach_verdict "$pct" "<=" 5) (at ${sockets:--} sockets)"
@@ -205,6 +224,8 @@ scale_table() {
 	echo "- idle: VmRSS and go_goroutines of the broker at the largest level minus a baseline before the"
 	echo "  first host, over hosts + streams ($SETTLE after the fill; the first level's churn ran before)."
 	echo "  keepalive: broker CPU over $SCALE_KEEPALIVE with nothing moving, after the last churn."
+	echo "- the broker closes a stream idle for 5 min (not configurable): each level's figures must end"
+	echo "  within 5 min of its first stream; the held row checks it at the sample."
 	echo "- broker config: attempts_per_minute raised (all sockets come from 127.0.0.1) and max_hosts"
 	echo "  16384 (the churn hosts); every other limit at its default."
 	[[ -n $SCALE_NOTE ]] && echo "- $SCALE_NOTE."

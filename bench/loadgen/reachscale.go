@@ -412,9 +412,15 @@ func cmdReachScale(args []string) error {
 			if err != nil {
 				return err
 			}
+			// What the broker itself holds: streams it closed (its 5 min
+			// idle timeout, a host lost to a missed pong) show here.
+			held, err := scrapeMetrics(ctx, *metricsAddr, "securelink_broker_hosts_online", "securelink_broker_streams_active")
+			if err != nil {
+				return err
+			}
 			sockets := len(hosts) + len(mhosts) + streams
-			fmt.Printf("phase=idle level=%d hosts=%d streams=%d sockets=%d rss_base_kib=%d rss_kib=%d kib_per_socket=%.1f goroutines_base=%.0f goroutines=%.0f goroutines_per_socket=%.2f fds=%.0f\n",
-				level, len(hosts)+len(mhosts), streams, sockets, base.rssKiB, now.rssKiB,
+			fmt.Printf("phase=idle level=%d hosts=%d streams=%d sockets=%d broker_hosts=%.0f broker_streams=%.0f rss_base_kib=%d rss_kib=%d kib_per_socket=%.1f goroutines_base=%.0f goroutines=%.0f goroutines_per_socket=%.2f fds=%.0f\n",
+				level, len(hosts)+len(mhosts), streams, sockets, held[0], held[1], base.rssKiB, now.rssKiB,
 				perSocket(float64(base.rssKiB), float64(now.rssKiB), sockets),
 				baseM.goroutines, m.goroutines, perSocket(baseM.goroutines, m.goroutines, sockets), m.fds)
 		}

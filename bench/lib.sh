@@ -12,5 +12,5 @@ stop_pids() {
 		sleep 0.1
 	done
 	kill -KILL "$@" 2>/dev/null || true
-	wait 2>/dev/null || true
+	wait "$@" 2>/dev/null || true
 }

@@ -37,14 +37,39 @@ REACH_OFF_FRONT=${REACH_OFF_FRONT:-0}
 ROFF="127.0.0.1:${ROFF_PORT:-0}"
 REACH_SLOW_RATE=4000000 # bytes/s of the slow reader in the ping-pong figure
 
-reach_start_broker() {
-	local d=$REACH_DIR
+# broker_cert DIR: a private DIR with a self-signed certificate for
+# 127.0.0.1 (DIR/broker.crt, DIR/broker.key).
+broker_cert() {
 	# add-host refuses a world-readable place for secrets; keep it private.
-	mkdir -p "$d"
-	chmod 700 "$d"
+	mkdir -p "$1"
+	chmod 700 "$1"
 	(umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
 		-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
-		-keyout "$d/broker.key" -out "$d/broker.crt" 2>/dev/null) || die "openssl could not make the broker certificate"
+		-keyout "$1/broker.key" -out "$1/broker.crt" 2>/dev/null) || die "openssl could not make the broker certificate"
+}
+
+# broker_serve KEY YAML: `securelink broker serve` on the server core
+# (PID[KEY], stdout $WORK/KEY.out, log $WORK/KEY.log) until it prints its
+# listening line.
+broker_serve() {
+	local key=$1 yaml=$2 i
+	taskset -c "$SERVER_CPU" "$FRONT_BIN" broker serve --config "$yaml" >"$WORK/$key.out" 2>"$WORK/$key.log" &
+	PID[$key]=$!
+	BG_PIDS+=(${PID[$key]})
+	for i in $(seq 1 300); do
+		grep -q '^broker listening ' "$WORK/$key.out" 2>/dev/null && break
+		kill -0 "${PID[$key]}" 2>/dev/null || break
+		sleep 0.1
+	done
+	grep -q '^broker listening ' "$WORK/$key.out" 2>/dev/null || {
+		tail -n 20 "$WORK/$key.log" >&2 || true
+		die "the broker ($key) did not start"
+	}
+}
+
+reach_start_broker() {
+	local d=$REACH_DIR
+	broker_cert "$d"
 	# attempts_per_minute: the idle figure registers a few hundred hosts and
 	# a thousand streams from 127.0.0.1 within seconds; the default (30 per
 	# source and minute) is for the Internet, not for this.
@@ -72,18 +97,7 @@ EOF
 		done >"$d/idle-hosts.jsonl" 2>>"$WORK/broker-admin.log"
 	) || die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
 	log "reach: starting the broker on 127.0.0.1:$BROKER_PORT (core $SERVER_CPU)"
-	taskset -c "$SERVER_CPU" "$FRONT_BIN" broker serve --config "$d/broker.yaml" >"$WORK/broker.out" 2>"$WORK/broker.log" &
-	PID[broker]=$!
-	BG_PIDS+=(${PID[broker]})
-	for i in $(seq 1 300); do
-		grep -q '^broker listening ' "$WORK/broker.out" 2>/dev/null && break
-		kill -0 "${PID[broker]}" 2>/dev/null || break
-		sleep 0.1
-	done
-	grep -q '^broker listening ' "$WORK/broker.out" 2>/dev/null || {
-		tail -n 20 "$WORK/broker.log" >&2 || true
-		die "the broker did not start"
-	}
+	broker_serve broker "$d/broker.yaml"
 }
 
 # reach_start_front [off]: the front with Reach (PID/PIN key rfront, listen

@@ -23,6 +23,12 @@
 #                            vs direct, through our broker and connector
 #   BENCH_ONLY=h3            only the HTTP/3 block: the front (http3: true)
 #                            and Caddy, over HTTP/3 and over TCP
+#   BENCH_ONLY=scale         only the broker-at-scale figures (bench/scale.sh):
+#                            CPU per registration and per match at two
+#                            stream-table sizes, RSS/goroutines per idle
+#                            socket, keepalive CPU
+#   BENCH_SCALE_FULL=1       the scale block at 10,000 hosts + 50,000 streams
+#                            (needs RLIMIT_NOFILE >= ~61,000)
 #
 # The table goes to stdout and to bench/results/latest.txt; progress to stderr.
 set -euo pipefail
@@ -53,15 +59,17 @@ HS_LOOPS=16
 SERVERS=(front nginx caddy)
 FIGURES=(idle get health download handshakes echo)
 REACH=1
-H3=1 # the HTTP/3 block: front and Caddy (Debian's caddy serves h3)
+SCALE=1 # the broker-at-scale block (bench/scale.sh)
+H3=1    # the HTTP/3 block: front and Caddy (Debian's caddy serves h3)
 case $ONLY in
 "") ;;
-front | nginx | caddy) SERVERS=("$ONLY") REACH=0 H3=0 ;;
-tcp) REACH=0 H3=0 ;;
-reach) SERVERS=() H3=0 ;;
-h3) SERVERS=(front caddy) FIGURES=(get download) REACH=0 ROUNDS=1 ;;
+front | nginx | caddy) SERVERS=("$ONLY") REACH=0 SCALE=0 H3=0 ;;
+tcp) REACH=0 SCALE=0 H3=0 ;;
+reach) SERVERS=() SCALE=0 H3=0 ;;
+scale) SERVERS=() REACH=0 H3=0 ;;
+h3) SERVERS=(front caddy) FIGURES=(get download) REACH=0 SCALE=0 ROUNDS=1 ;;
 *)
-	echo "BENCH_ONLY must be front, nginx, caddy, tcp, reach or h3" >&2
+	echo "BENCH_ONLY must be front, nginx, caddy, tcp, reach, scale or h3" >&2
 	exit 2
 	;;
 esac
@@ -138,8 +146,10 @@ else
 	log "warning: one core only; server and load generator share it"
 fi
 
-# 1,000 idle WebSockets are 2,000 descriptors in the front (client + upstream leg).
-ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+# 1,000 idle WebSockets are 2,000 descriptors in the front (client + upstream leg);
+# the scale block wants one per socket in the broker and in loadgen (10,000
+# hosts + 50,000 streams with BENCH_SCALE_FULL=1).
+ulimit -n 131072 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 (($(ulimit -n) >= 4 * IDLE_CONNS)) || die "ulimit -n $(ulimit -n) is too low for $IDLE_CONNS idle WebSockets"
 
 # ------------------------------------------------------------------ processes
@@ -201,10 +211,10 @@ if [[ $PPROF == 1 ]]; then
 		PPROF_NOTE="BENCH_PPROF=1 asked, but perf is not installed (apt-get install linux-perf): no profile taken"
 	fi
 fi
-[[ ( " ${SERVERS[*]} " != *" front "* && $REACH == 0 ) || -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
+[[ ( " ${SERVERS[*]} " != *" front "* && $REACH == 0 && $SCALE == 0 ) || -x $FRONT_BIN ]] || die "$FRONT_BIN missing: run make build"
 
 # The HTTP/3 servers (front, Caddy) also take their TCP port's number on UDP.
-read -r UP_PORT FRONT_PORT NGINX_PORT BROKER_PORT RFRONT_PORT CADDY_PORT ROFF_PORT BMETRICS_PORT < <("$LG" freeports -n 8)
+read -r UP_PORT FRONT_PORT NGINX_PORT BROKER_PORT RFRONT_PORT CADDY_PORT ROFF_PORT BMETRICS_PORT SCALE_PORT SMETRICS_PORT < <("$LG" freeports -n 10)
 
 # ------------------------------------------------------------------ upstream
 
@@ -665,9 +675,16 @@ profile_front
 
 # The Reach figures run after the front/nginx ones, with their own broker and
 # front (bench/reach.sh); the servers above stay idle meanwhile.
+if ((REACH || SCALE)); then
+	source "$ROOT/bench/reach.sh" # scale.sh uses its broker helpers
+fi
 if ((REACH)); then
-	source "$ROOT/bench/reach.sh"
 	reach_run
+fi
+# The broker at scale, with a broker of its own, after everything else.
+if ((SCALE)); then
+	source "$ROOT/bench/scale.sh"
+	scale_run
 fi
 
 # ------------------------------------------------------------------ table
@@ -675,7 +692,7 @@ fi
 CMD="bench/run.sh"
 [[ -n ${MAKELEVEL:-} ]] && CMD="make bench"
 ENVS=""
-for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY; do
+for v in BENCH_QUICK BENCH_PPROF BENCH_ONLY BENCH_SCALE_FULL BENCH_SCALE_LEVELS BENCH_SCALE_HOSTS BENCH_SCALE_KEEPALIVE; do
 	[[ -n ${!v:-} ]] && ENVS+="$v=${!v} "
 done
 CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
@@ -854,6 +871,10 @@ LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
 	if ((REACH)); then
 		echo
 		reach_table
+	fi
+	if ((SCALE)); then
+		echo
+		scale_table
 	fi
 	if [[ $FAILED == 1 ]]; then
 		echo "- SOME FIGURES FAILED (see the [bench] lines on stderr and bench/results/logs/)."

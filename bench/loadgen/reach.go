@@ -32,7 +32,7 @@ import (
 const (
 	maxCredFile      = 64 << 10
 	maxCAFile        = 1 << 20
-	maxIdleHosts     = 1024
+	maxIdleHosts     = 1 << 16 // the hosts file's own bound (store.MaxHostsEntries)
 	maxStreamsPerHst = 64
 	xferChunk        = 256 << 10 // one Write of the upload body / one Read of the download
 	maxXferSize      = 16 << 20  // the front's request body limit

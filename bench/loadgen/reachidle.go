@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,36 +123,14 @@ func cmdReachIdle(args []string) error {
 	if err != nil {
 		return err
 	}
-	hosts := make([]*idleHost, len(lines))
 	var runs sync.WaitGroup
 	defer func() {
 		cancel()
 		waitBounded(&runs, 10*time.Second)
 	}()
-	for i, l := range lines {
-		c, err := connector.New(connector.Config{
-			BrokerURL: *brokerURL, HostID: l.HostID, Token: wire.Secret(l.Token),
-			RootCAs: pool, MaxStreams: *perHost, Log: zerolog.Nop(),
-		})
-		if err != nil {
-			return fmt.Errorf("host %d: %w", i, err)
-		}
-		hosts[i] = &idleHost{c: c}
-		go hosts[i].accept()
-	}
-	// Start the registrations -parallel at a time, so the broker sees a
-	// steady trickle rather than one burst of handshakes.
 	t0 := time.Now()
-	for i, h := range hosts {
-		runs.Add(1)
-		go func() { defer runs.Done(); h.c.Run(ctx) }()
-		if (i+1)%*par == 0 {
-			if err := waitConnected(hosts[:i+1], 60*time.Second); err != nil {
-				return err
-			}
-		}
-	}
-	if err := waitConnected(hosts, 60*time.Second); err != nil {
+	hosts, err := startHosts(ctx, &runs, *brokerURL, pool, lines, *perHost, *par, (*idleHost).accept)
+	if err != nil {
 		return err
 	}
 	hostSecs := time.Since(t0).Seconds()
@@ -161,72 +141,18 @@ func cmdReachIdle(args []string) error {
 	}
 
 	// Idle streams: each with its own bootstrap (one stream each).
-	type job struct{ h *idleHost }
-	jobs := make(chan job)
-	var (
-		wg       sync.WaitGroup
-		firstErr atomic.Value
-		cmu      sync.Mutex
-		clients  []net.Conn
-	)
-	defer func() {
-		for _, c := range clients {
-			c.Close()
-		}
-	}()
-	for w := 0; w < *par; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range jobs {
-				if firstErr.Load() != nil {
-					continue
-				}
-				bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
-				b, err := j.h.c.PublishBootstrap(bctx, wire.DefaultBootstrapTTL)
-				if err == nil {
-					var c net.Conn
-					cfg := reachCred{b.BrokerURL, b.HostID, "bootstrap", wire.Secret(b.Token)}.config(pool)
-					c, err = client.Dial(bctx, cfg)
-					if err == nil {
-						cmu.Lock()
-						clients = append(clients, c)
-						cmu.Unlock()
-					}
-				}
-				bcancel()
-				if err != nil {
-					firstErr.CompareAndSwap(nil, err.Error())
-				}
-			}
-		}()
-	}
-	t1 := time.Now()
+	var jobs []*idleHost
 	for _, h := range hosts[:*streamHosts] {
 		for k := 0; k < *perHost; k++ {
-			jobs <- job{h}
+			jobs = append(jobs, h)
 		}
 	}
-	close(jobs)
-	wg.Wait()
-	if e := firstErr.Load(); e != nil {
-		return fmt.Errorf("opening idle streams: %v", e)
-	}
-	nStreams := *streamHosts * *perHost
-	// Every stream must have reached its host, or it is not a stream yet.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		n := 0
-		for _, h := range hosts {
-			n += h.accepted()
-		}
-		if n == nStreams {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d streams reached their hosts", n, nStreams)
-		}
-		time.Sleep(50 * time.Millisecond)
+	nStreams := len(jobs)
+	t1 := time.Now()
+	clients, _, err := openIdleStreams(ctx, pool, jobs, *par)
+	defer closeAll(clients)
+	if err != nil {
+		return err
 	}
 	streamSecs := time.Since(t1).Seconds()
 	time.Sleep(*settle)
@@ -274,5 +200,158 @@ func waitConnected(hosts []*idleHost, within time.Duration) error {
 			return fmt.Errorf("%d of %d hosts registered; one is %s (%s %s)", n, len(hosts), last.State, last.LastError, last.LastErrorDetail)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startHosts starts a real connector for each line and waits until all are
+// registered, starting them par at a time so the broker sees a steady
+// trickle rather than one burst of handshakes. accept serves each host's
+// listener. The connectors run until ctx ends; runs counts them.
+func startHosts(ctx context.Context, runs *sync.WaitGroup, brokerURL string, pool *x509.CertPool, lines []hostLine, perHost, par int, accept func(*idleHost)) ([]*idleHost, error) {
+	hosts := make([]*idleHost, len(lines))
+	for i, l := range lines {
+		c, err := connector.New(connector.Config{
+			BrokerURL: brokerURL, HostID: l.HostID, Token: wire.Secret(l.Token),
+			RootCAs: pool, MaxStreams: perHost, Log: zerolog.Nop(),
+			// A loaded machine (the load core runs every client's TLS)
+			// can hold a reply past the 5 s default; the figures are CPU,
+			// not latency.
+			PublishTimeout: 30 * time.Second,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("host %d: %w", i, err)
+		}
+		hosts[i] = &idleHost{c: c}
+		go accept(hosts[i])
+	}
+	for i, h := range hosts {
+		runs.Add(1)
+		go func() { defer runs.Done(); h.c.Run(ctx) }()
+		if (i+1)%par == 0 {
+			if err := waitConnected(hosts[:i+1], 60*time.Second); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return hosts, waitConnected(hosts, 60*time.Second)
+}
+
+// openIdleStreams opens one idle client stream per entry of jobs (a host
+// may appear several times), each with its own bootstrap the host
+// publishes, par at a time, and waits until every stream has reached its
+// host. A failed open is tried again, at most openAttempts times in all;
+// retries counts the repeats. It returns the client ends, also on error
+// (the caller closes them).
+func openIdleStreams(ctx context.Context, pool *x509.CertPool, jobs []*idleHost, par int) (clients []net.Conn, retries int64, err error) {
+	uniq := map[*idleHost]bool{}
+	want := 0
+	for _, h := range jobs {
+		if !uniq[h] {
+			uniq[h] = true
+			want += h.accepted()
+		}
+	}
+	want += len(jobs)
+	ch := make(chan *idleHost)
+	var (
+		wg       sync.WaitGroup
+		firstErr atomic.Value
+		cmu      sync.Mutex
+		repeats  atomic.Int64
+	)
+	open := func(h *idleHost) error {
+		// A host that lost its registration (a starved load core misses
+		// pongs) reconnects by itself; wait for it rather than publish
+		// into a dead session.
+		if err := waitConnected([]*idleHost{h}, 60*time.Second); err != nil {
+			return err
+		}
+		bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer bcancel()
+		b, err := h.c.PublishBootstrap(bctx, wire.DefaultBootstrapTTL)
+		if err != nil {
+			return err
+		}
+		cfg := reachCred{b.BrokerURL, b.HostID, "bootstrap", wire.Secret(b.Token)}.config(pool)
+		c, err := client.Dial(bctx, cfg)
+		if err != nil {
+			return err
+		}
+		cmu.Lock()
+		clients = append(clients, c)
+		cmu.Unlock()
+		return nil
+	}
+	for w := 0; w < par; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for h := range ch {
+				if firstErr.Load() != nil {
+					continue
+				}
+				err := open(h)
+				for k := 1; err != nil && k < openAttempts && ctx.Err() == nil; k++ {
+					repeats.Add(1)
+					err = open(h)
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	for _, h := range jobs {
+		ch <- h
+	}
+	close(ch)
+	wg.Wait()
+	retries = repeats.Load()
+	if e := firstErr.Load(); e != nil {
+		return clients, retries, fmt.Errorf("opening idle streams: %v (%s)", e, hostsSummary(uniq))
+	}
+	// Every stream must have reached its host, or it is not a stream yet.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := 0
+		for h := range uniq {
+			n += h.accepted()
+		}
+		// More than want: a retried open whose first try the client gave
+		// up on still reached its host (and was closed by the client).
+		if n >= want {
+			return clients, retries, nil
+		}
+		if time.Now().After(deadline) {
+			return clients, retries, fmt.Errorf("%d of %d streams reached their hosts", n-(want-len(jobs)), len(jobs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// hostsSummary says how many of hosts are registered and why their
+// connectors reconnected, for an error message.
+func hostsSummary(hosts map[*idleHost]bool) string {
+	up := 0
+	why := map[string]int64{}
+	for h := range hosts {
+		if h.c.Status().State == connector.StateConnected {
+			up++
+		}
+		for k, v := range h.c.Counts() {
+			if strings.HasPrefix(k, "reconnect:") {
+				why[k] += v
+			}
+		}
+	}
+	return fmt.Sprintf("%d of %d hosts registered; reconnects %v", up, len(hosts), why)
+}
+
+// openAttempts bounds the tries of one idle stream open.
+const openAttempts = 6
+
+func closeAll(cs []net.Conn) {
+	for _, c := range cs {
+		c.Close()
 	}
 }

@@ -257,43 +257,55 @@ type daemonSample struct {
 // Prometheus Go and process collectors every daemon registers).
 func scrape(ctx context.Context, addr string) (daemonSample, error) {
 	var s daemonSample
+	v, err := scrapeMetrics(ctx, addr, "process_resident_memory_bytes", "process_open_fds", "go_goroutines")
+	if err != nil {
+		return s, err
+	}
+	s.rss, s.fds, s.goroutines = v[0], v[1], v[2]
+	return s, nil
+}
+
+// scrapeMetrics reads the named unlabelled series from a metrics listener;
+// every one must be there.
+func scrapeMetrics(ctx context.Context, addr string, names ...string) ([]float64, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
-		return s, err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return s, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
+		return nil, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
 	}
-	want := map[string]*float64{
-		"process_resident_memory_bytes": &s.rss,
-		"process_open_fds":              &s.fds,
-		"go_goroutines":                 &s.goroutines,
+	want := map[string]int{}
+	for i, n := range names {
+		want[n] = i
 	}
+	out := make([]float64, len(names))
 	found := 0
 	sc := bufio.NewScanner(io.LimitReader(resp.Body, maxMetricsBody))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		name, val, ok := strings.Cut(sc.Text(), " ")
-		if p, hit := want[name]; ok && hit {
+		if i, hit := want[name]; ok && hit {
 			v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
 			if err != nil {
-				return s, fmt.Errorf("%s: %q is not a number", name, val)
+				return nil, fmt.Errorf("%s: %q is not a number", name, val)
 			}
-			*p = v
+			out[i] = v
+			delete(want, name)
 			found++
 		}
 	}
-	if found != len(want) {
-		return s, fmt.Errorf("/metrics on %s lacks process_resident_memory_bytes, process_open_fds or go_goroutines", addr)
+	if found != len(names) {
+		return nil, fmt.Errorf("/metrics on %s lacks %s", addr, strings.Join(names, ", "))
 	}
-	return s, sc.Err()
+	return out, sc.Err()
 }
 
 // growthRule is the verdict: after warm-up (the first quarter of the

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/cluster"
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/store"
+	"github.com/hermes-securelink/securelink/internal/doctor"
 	"github.com/hermes-securelink/securelink/internal/metrics"
 	"github.com/hermes-securelink/securelink/internal/sdnotify"
 )
@@ -39,6 +41,23 @@ func brokerCommand() *cli.Command {
 						return err
 					}
 					return runBroker(c.Context, c.String("config"))
+				},
+			},
+			{
+				Name:  "doctor",
+				Usage: "check the broker's configuration and the running broker's file descriptors (use vs its soft limit, and whether the limit covers max_hosts and the stream limits); non-zero exit on a problem",
+				Flags: []cli.Flag{brokerConfigFlag},
+				Action: func(c *cli.Context) error {
+					if err := noArgs(c); err != nil {
+						return err
+					}
+					cfg, err := server.LoadConfig(c.String("config"))
+					rs := doctor.RunBroker(cfg, err, c.String("config"))
+					fmt.Print(doctor.Format(rs))
+					if doctor.Failed(rs) {
+						return errors.New("doctor found problems (see the fix under each FAIL)")
+					}
+					return nil
 				},
 			},
 			{

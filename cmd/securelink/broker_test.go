@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/coder/websocket"
 
@@ -222,4 +223,50 @@ func readBrokerMsg(t *testing.T, ctx context.Context, c *websocket.Conn) wire.Me
 		t.Fatalf("broker sent %q: %v", data, err)
 	}
 	return m
+}
+
+// `broker doctor` judges the running broker's own descriptors: fine as
+// started, FAIL once its soft limit is lowered (prlimit(2) on the running
+// process) to what it holds.
+func TestBrokerDoctorReadsTheRunningBroker(t *testing.T) {
+	dir := t.TempDir()
+	os.Chmod(dir, 0o700)
+	port := freePort(t)
+	cfg := writeBrokerConfig(t, dir, fmt.Sprintf("listen: \"127.0.0.1:%d\"\ninsecure_plaintext: true\nmax_hosts: 10\nmax_streams_per_host: 1\n", port))
+	addHost(t, cfg)
+	// No broker yet: a warning (exit 0), not a failure.
+	if so, _, err := runCLI(t, "broker", "doctor", "--config", cfg); err != nil || !strings.Contains(so, "warn  broker process") || !strings.Contains(so, "not running") {
+		t.Fatalf("doctor without a broker: %v\n%s", err, so)
+	}
+	cmd, _, _ := startLineProc(t, "broker listening ", "broker", "serve", "--config", cfg)
+	so, se, err := runCLI(t, "broker", "doctor", "--config", cfg)
+	if err != nil || !strings.Contains(so, fmt.Sprintf("pid %d listens", cmd.Process.Pid)) || !strings.Contains(so, "ok    broker fds") {
+		t.Fatalf("doctor of a healthy broker: %v\n%s%s", err, so, se)
+	}
+	open, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old, lim syscall.Rlimit
+	if err := prlimit(cmd.Process.Pid, nil, &old); err != nil {
+		t.Fatal(err)
+	}
+	lim = syscall.Rlimit{Cur: uint64(len(open)), Max: old.Max}
+	if err := prlimit(cmd.Process.Pid, &lim, nil); err != nil {
+		t.Fatal(err)
+	}
+	so, _, err = runCLI(t, "broker", "doctor", "--config", cfg)
+	if err == nil || !strings.Contains(so, "FAIL  broker fds") || !strings.Contains(so, "LimitNOFILE") {
+		t.Fatalf("doctor of a broker at its limit: %v\n%s", err, so)
+	}
+}
+
+// prlimit sets (new) or reads (old) another process's RLIMIT_NOFILE.
+func prlimit(pid int, new, old *syscall.Rlimit) error {
+	_, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), syscall.RLIMIT_NOFILE,
+		uintptr(unsafe.Pointer(new)), uintptr(unsafe.Pointer(old)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -18,11 +19,22 @@ func FDUsage() (open, limit int, err error) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		return 0, 0, err
 	}
-	d, err := os.Open("/proc/self/fd")
+	open, err = OpenFDs(os.Getpid())
 	if err != nil {
 		return 0, 0, err
 	}
+	return open, int(min(rl.Cur, 1<<31-1)), nil
+}
+
+// OpenFDs counts the open file descriptors of process pid (/proc/PID/fd;
+// for this process, not counting the one it reads the directory with).
+func OpenFDs(pid int) (int, error) {
+	d, err := os.Open("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		return 0, err
+	}
 	defer d.Close()
+	open := 0
 	for {
 		names, err := d.Readdirnames(4096)
 		open += len(names)
@@ -30,10 +42,13 @@ func FDUsage() (open, limit int, err error) {
 			break
 		}
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 	}
-	return open - 1, int(min(rl.Cur, 1<<31-1)), nil // not counting d itself
+	if pid == os.Getpid() {
+		open-- // d itself
+	}
+	return open, nil
 }
 
 // FDWarnRatio is the share of the descriptor limit past which WatchFDs warns.

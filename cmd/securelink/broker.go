@@ -130,8 +130,8 @@ func runBroker(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	if _, limit, err := metrics.FDUsage(); err == nil && limit < 2*cfg.MaxHosts+1024 {
-		log.Warn().Int("fd_limit", limit).Int("max_hosts", cfg.MaxHosts).
+	if _, limit, err := metrics.FDUsage(); err == nil && limit < metrics.BrokerFDsNeeded(cfg.MaxHosts, cfg.MaxStreamsPerHost) {
+		log.Warn().Int("fd_limit", limit).Int("max_hosts", cfg.MaxHosts).Int("max_streams_per_host", cfg.MaxStreamsPerHost).
 			Msg("the open-file limit is below what max_hosts needs (a socket per host and per stream); raise LimitNOFILE")
 	}
 	fdCtx, fdStop := context.WithCancel(ctx)

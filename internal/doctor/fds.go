@@ -20,18 +20,6 @@ import (
 // metrics.FDWarnRatio (the broker's own log warning) it warns.
 const FDFailRatio = 0.95
 
-// fdReserve is what a broker holds besides its sockets: listeners, the
-// hosts, state and journal files, the metrics listener, log and runtime
-// descriptors, with room for a reload.
-const fdReserve = 1024
-
-// BrokerFDsNeeded is the soft RLIMIT_NOFILE a broker needs to hold every
-// socket its limits allow: one per host registration and one per client
-// stream (max_streams_per_host for each of max_hosts), plus fdReserve.
-func BrokerFDsNeeded(maxHosts, maxStreamsPerHost int) int {
-	return maxHosts*(1+maxStreamsPerHost) + fdReserve
-}
-
 // RunBroker is doctor for `securelink broker doctor`: the broker's
 // configuration, the running broker process (the one listening on
 // cfg.Listen) and its descriptors. cfg may be nil when the configuration
@@ -51,8 +39,8 @@ func RunBroker(cfg *server.Config, cfgErr error, path string) []Result {
 		return rs
 	}
 	add(Result{"broker process", OK, fmt.Sprintf("pid %d listens on %s", pid, cfg.Listen), ""})
-	add(CheckFDs(pid, BrokerFDsNeeded(cfg.MaxHosts, cfg.MaxStreamsPerHost),
-		fmt.Sprintf("max_hosts %d × (1 host socket + max_streams_per_host %d) + %d", cfg.MaxHosts, cfg.MaxStreamsPerHost, fdReserve)))
+	add(CheckFDs(pid, metrics.BrokerFDsNeeded(cfg.MaxHosts, cfg.MaxStreamsPerHost),
+		fmt.Sprintf("max_hosts %d × (1 host socket + max_streams_per_host %d) + %d", cfg.MaxHosts, cfg.MaxStreamsPerHost, metrics.FDReserve)))
 	return rs
 }
 

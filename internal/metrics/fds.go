@@ -96,3 +96,17 @@ func WatchFDs(ctx context.Context, log zerolog.Logger, every time.Duration) {
 		warned = over
 	}
 }
+
+// FDReserve is what a broker holds besides its sockets: listeners, the
+// hosts, state and journal files, the metrics listener, log and runtime
+// descriptors, with room for a reload.
+const FDReserve = 1024
+
+// BrokerFDsNeeded is the soft RLIMIT_NOFILE a broker needs to hold every
+// socket its limits allow: one per host registration and one per client
+// stream (max_streams_per_host for each of max_hosts), plus FDReserve. The
+// start-up warning and doctor use this one figure, and the unit's
+// LimitNOFILE covers it at the defaults.
+func BrokerFDsNeeded(maxHosts, maxStreamsPerHost int) int {
+	return maxHosts*(1+maxStreamsPerHost) + FDReserve
+}

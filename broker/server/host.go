@@ -25,11 +25,16 @@ type hostSession struct {
 	log         zerolog.Logger
 	pause       msgconn.Pause
 
-	wake        chan struct{} // capacity 1: the writer has work or must end
+	wake        *writer       // runs writeLoop while it has work or must end
 	replySpace  chan struct{} // capacity 1: a reply left the queue
 	done        chan struct{} // closed once the end is decided
 	writeCtx    context.Context
 	writeCancel context.CancelFunc // cuts an in-flight write (immediate ends)
+	writerDone  chan struct{}      // closed once the writer closed the socket
+
+	// Writer-only (one writeLoop at a time): a write failed, so only the
+	// close is attempted; the close is done.
+	broken, finished bool
 
 	mu      sync.Mutex // guards everything below and the queues of its streams
 	ctrl    []ctrlItem // text messages in order: registered, replies, opens
@@ -100,7 +105,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		tokenDigest: d,
 		conn:        c,
 		log:         b.log.With().Str("host", hostLabel(reg.HostID)).Logger(),
-		wake:        make(chan struct{}, 1),
+		writerDone:  make(chan struct{}),
 		replySpace:  make(chan struct{}, 1),
 		done:        make(chan struct{}),
 		ctrl:        []ctrlItem{{msg: answer}},
@@ -108,7 +113,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		offered:     !b.cfg.DisableCredit,
 	}
 	h.writeCtx, h.writeCancel = context.WithCancel(ctx)
-	signal(h.wake)
+	h.wake = newWriter(h.writeLoop) // serveHost starts it
 	return h
 }
 
@@ -256,7 +261,7 @@ func (h *hostSession) grantAllLocked() {
 			s.grantQueued = true
 			h.grants = append(h.grants, s)
 		}
-		signal(h.wake)
+		h.wake.kick()
 	}
 }
 
@@ -365,7 +370,7 @@ func (h *hostSession) reply(ctx context.Context, m wire.Message) bool {
 			h.ctrl = append(h.ctrl, ctrlItem{msg: msg, reply: true})
 			h.replies++
 			h.mu.Unlock()
-			signal(h.wake)
+			h.wake.kick()
 			return true
 		}
 		h.mu.Unlock()
@@ -398,7 +403,7 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 		err := s.upWin.Grant(f.Increment())
 		if err == nil && len(s.up) > 0 {
 			h.rr.Add(s)
-			signal(h.wake)
+			h.wake.kick()
 		}
 		h.mu.Unlock()
 		if err != nil {
@@ -469,7 +474,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				s.downBytes += n
 				h.downHeld += n
 				h.mu.Unlock()
-				signal(s.downWake)
+				s.downWake.kick()
 				return true
 			}
 			h.mu.Unlock()
@@ -499,7 +504,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				s.down = append(s.down, payload)
 				s.downBytes += n
 				h.mu.Unlock()
-				signal(s.downWake)
+				s.downWake.kick()
 				return true
 			}
 			wait = ch
@@ -567,26 +572,27 @@ type outItem struct {
 
 // writeLoop is the only goroutine that writes to the host socket: control
 // messages first, in order, then stream frames round-robin, one frame per
-// turn, so one bulk upload cannot starve another stream.
+// turn, so one bulk upload cannot starve another stream. It runs while
+// there is something to write (h.wake) and returns once there is not.
 func (h *hostSession) writeLoop() {
 	b := h.b
-	broken := false // after a failed write, only the close is attempted
-	for {
-		item, fin := h.next(broken)
+	for !h.finished {
+		item, fin := h.next(h.broken)
 		if fin != nil {
-			h.finish(fin, broken)
+			h.finished = true
+			h.finish(fin, h.broken)
+			close(h.writerDone)
 			return
 		}
 		if item == nil {
-			<-h.wake
-			continue
+			return
 		}
 		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
 		err := h.conn.Write(ctx, item.typ, item.data)
 		cancel()
 		b.budget.release(item.budget)
 		if err != nil {
-			broken = true
+			h.broken = true
 			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
 		}
 	}

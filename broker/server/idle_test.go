@@ -1,9 +1,11 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -144,3 +146,42 @@ func serveIdleTLS(t *testing.T, mutate func(*Config)) (*env, string, *http.Clien
 	return e, ln.Addr().String(), &http.Client{Transport: tr}
 }
 
+// A client may send its first frames right behind the upgrade request (in
+// the same TCP segment): the bytes net/http already buffered reach the
+// WebSocket through the broker's own small read buffer.
+func TestUpgradeKeepsBytesSentWithTheRequest(t *testing.T) {
+	e, addr, client := serveIdleTLS(t, func(*Config) {})
+	reg, _ := wire.Marshal(wire.Register{Role: wire.RoleHost, HostID: e.hosts[0].id, ConnectionID: wire.NewID(), CredentialKind: wire.KindHost, Token: e.hosts[0].token})
+	conn, err := tls.Dial("tcp", addr, client.Transport.(*http.Transport).TLSClientConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(step))
+	req := "GET " + wire.ConnectPath + " HTTP/1.1\r\nHost: " + addr + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+	// One masked text frame (RFC 6455 §5.2), in the same write as the request.
+	frame := []byte{0x81, 0x80 | 126, byte(len(reg) >> 8), byte(len(reg)), 1, 2, 3, 4}
+	for i, c := range reg {
+		frame = append(frame, c^byte(i%4+1))
+	}
+	if _, err := conn.Write(append([]byte(req), frame...)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(br, hdr); err != nil || hdr[0] != 0x81 || hdr[1] >= 126 {
+		t.Fatalf("first frame header % x: %v", hdr, err)
+	}
+	msg := make([]byte, hdr[1])
+	if _, err := io.ReadFull(br, msg); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := wire.ParseBrokerMessage(msg); err != nil || m.Type() != wire.TypeRegistered {
+		t.Fatalf("answered %q (%v)", msg, err)
+	}
+}

@@ -66,8 +66,8 @@ func commands() []command {
 			"                                     bootstrap -> /relay/ws via broker -> route credential", cmdReachRoute},
 		{"soak", "-addr ADDR -pin PIN -metrics ADDR [-broker-metrics ADDR -reach CRED,... -ca-file PEM]\n" +
 			"                                     steady mixed load; fails on client errors or resource growth", cmdSoak},
-		{"reach-idle", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER\n" +
-			"                                     broker RSS per idle host and per idle stream", cmdReachIdle},
+		{"reach-idle", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER [-metrics ADDR -hold DUR]\n" +
+			"                                     broker RSS and goroutines per idle host and per idle stream", cmdReachIdle},
 	}
 }
 

@@ -573,8 +573,9 @@ type outItem struct {
 // writeLoop is the only goroutine that writes to the host socket: control
 // messages first, in order, then stream frames round-robin, one frame per
 // turn, so one bulk upload cannot starve another stream. It runs while
-// there is something to write (h.wake) and returns once there is not.
-func (h *hostSession) writeLoop() {
+// there is something to write (h.wake) and returns once there is not, true
+// once the socket is closed.
+func (h *hostSession) writeLoop() (closed bool) {
 	b := h.b
 	for !h.finished {
 		item, fin := h.next(h.broken)
@@ -582,10 +583,10 @@ func (h *hostSession) writeLoop() {
 			h.finished = true
 			h.finish(fin, h.broken)
 			close(h.writerDone)
-			return
+			return true
 		}
 		if item == nil {
-			return
+			return false
 		}
 		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
 		err := h.conn.Write(ctx, item.typ, item.data)
@@ -596,6 +597,7 @@ func (h *hostSession) writeLoop() {
 			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
 		}
 	}
+	return true
 }
 
 // next picks what to write. It returns the end decision once nothing more

@@ -93,25 +93,24 @@ func TestIdleSocketsCostOneGoroutineEach(t *testing.T) {
 }
 
 // settledGoroutines waits until the goroutine count is at most want (-1:
-// until it stops changing) and returns it; it gives up after a few
-// seconds and returns the last count. Goroutines that merely finish (a
-// writer that drained, the test's dials) are not counted that way.
+// until it has not changed for longer than a writer lingers) and returns
+// it; it gives up after a few seconds and returns the last count.
+// Goroutines that merely finish (a drained writer's linger, the test's
+// dials) are not counted that way.
 func settledGoroutines(t *testing.T, want int) int {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	last, stable := runtime.NumGoroutine(), 0
+	deadline := time.Now().Add(3*writerLinger + 2*time.Second)
+	last, since := runtime.NumGoroutine(), time.Now()
 	for time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 		n := runtime.NumGoroutine()
 		if want >= 0 && n <= want {
 			return n
 		}
-		if n == last {
-			stable++
-		} else {
-			last, stable = n, 0
+		if n != last {
+			last, since = n, time.Now()
 		}
-		if want < 0 && stable >= 10 {
+		if want < 0 && time.Since(since) > writerLinger+200*time.Millisecond {
 			return n
 		}
 	}

@@ -13,24 +13,33 @@ import (
 // their stacks.
 
 // writer runs a socket's write loop on a goroutine of its own only while
-// there is work: kick starts it when it is not running, and it exits once
-// drain finds the queue empty. At most one drain runs at a time, so drain
-// may keep state in plain fields. A writer starts held (as if running):
-// kicks before start only mark work, so nothing is written before the
-// session is ready.
+// there is work: kick starts it when it is not running, and once drain
+// finds the queue empty it lingers for writerLinger, then exits. The
+// linger keeps a request/response exchange from starting a goroutine per
+// message; an idle socket has none after it. At most one drain runs at a
+// time, so drain may keep state in plain fields; it returns true once the
+// socket is closed, and the writer then ends for good. A writer starts
+// held (as if running): kicks before start only mark work, so nothing is
+// written before the session is ready.
 type writer struct {
-	state atomic.Int32 // writerIdle, writerRunning or writerKicked
-	drain func()       // writes until nothing is queued, then returns
+	state  atomic.Int32  // writerIdle … writerLingering
+	wake   chan struct{} // capacity 1: a kick ended the linger
+	linger *time.Timer   // the drain goroutine's only
+	drain  func() (closed bool)
 }
 
 const (
-	writerIdle    = iota
-	writerRunning // a drain runs (or the writer is held)
-	writerKicked  // and work arrived since it started
+	writerIdle      = iota
+	writerRunning   // a drain runs (or the writer is held)
+	writerKicked    // and work arrived since it started
+	writerLingering // the goroutine waits for a kick before it exits
 )
 
-func newWriter(drain func()) *writer {
-	w := &writer{drain: drain}
+// writerLinger is how long a drained writer waits for more work.
+const writerLinger = time.Second
+
+func newWriter(drain func() bool) *writer {
+	w := &writer{drain: drain, wake: make(chan struct{}, 1)}
 	w.state.Store(writerRunning)
 	return w
 }
@@ -53,6 +62,11 @@ func (w *writer) kick() {
 			if w.state.CompareAndSwap(writerRunning, writerKicked) {
 				return
 			}
+		case writerLingering:
+			if w.state.CompareAndSwap(writerLingering, writerRunning) {
+				w.wake <- struct{}{} // the one send for this linger
+				return
+			}
 		default:
 			return
 		}
@@ -61,12 +75,29 @@ func (w *writer) kick() {
 
 func (w *writer) loop() {
 	for {
-		w.drain()
-		if w.state.CompareAndSwap(writerRunning, writerIdle) {
+		if w.drain() {
 			return
 		}
 		// Kicked while draining: what arrived may have been missed.
-		w.state.Store(writerRunning)
+		if w.state.CompareAndSwap(writerKicked, writerRunning) ||
+			!w.state.CompareAndSwap(writerRunning, writerLingering) {
+			continue
+		}
+		if w.linger == nil {
+			w.linger = time.NewTimer(writerLinger)
+		} else {
+			w.linger.Reset(writerLinger)
+		}
+		select {
+		case <-w.wake:
+			w.linger.Stop()
+			continue
+		case <-w.linger.C:
+		}
+		if w.state.CompareAndSwap(writerLingering, writerIdle) {
+			return
+		}
+		<-w.wake // a kick won the race and sends
 	}
 }
 

@@ -267,8 +267,9 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 // writeLoop is the only goroutine writing to the client after `matched`.
 // The host's payloads go out coalesced into messages of up to
 // ClientWriteChunk bytes (takeDown). It runs while there is something to
-// write or the end to carry out (s.downWake) and returns once there is not.
-func (s *stream) writeLoop() {
+// write or the end to carry out (s.downWake) and returns once there is not,
+// true once the socket is closed.
+func (s *stream) writeLoop() (closed bool) {
 	b, h, ctx := s.b, s.h, s.ctx
 	for !s.finished {
 		h.mu.Lock()
@@ -282,11 +283,11 @@ func (s *stream) writeLoop() {
 			s.finished = true
 			s.finish(ctx, e)
 			close(s.writerDone)
-			return
+			return true
 		}
 		if len(s.down) == 0 {
 			h.mu.Unlock()
-			return
+			return false
 		}
 		p, n := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
 		credit := s.credit
@@ -319,6 +320,7 @@ func (s *stream) writeLoop() {
 			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "write failed", toHost: true, cancel: true, stat: "write_failed"})
 		}
 	}
+	return true
 }
 
 // dropDownLocked (h.mu held) releases the client-bound bytes that will not

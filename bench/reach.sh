@@ -26,6 +26,8 @@ else
 	REACH_IDLE_HOSTS=${REACH_IDLE_HOSTS:-200} REACH_STREAM_HOSTS=64
 fi
 REACH_STREAMS_PER_HOST=16 # the broker's per-host limit
+# The idle CPU window: two keepalive rounds (one in a quick run).
+REACH_IDLE_HOLD=${REACH_IDLE_HOLD:-$([[ $QUICK == 1 ]] && echo 16s || echo 30s)}
 REACH_ECHO_SIZE=64
 BROKER_URL="wss://127.0.0.1:$BROKER_PORT/v1/connect"
 RFRONT="127.0.0.1:$RFRONT_PORT"
@@ -270,12 +272,16 @@ reach_idle() {
 	local out
 	out=$(reach_figure idle reach-idle -broker-url "$BROKER_URL" -ca-file "$REACH_DIR/broker.crt" \
 		-hosts "$REACH_DIR/idle-hosts.jsonl" -hosts-n "$REACH_IDLE_HOSTS" -stream-hosts "$REACH_STREAM_HOSTS" \
-		-streams-per-host "$REACH_STREAMS_PER_HOST" -settle "$SETTLE" -pids "${PID[broker]}") || {
+		-streams-per-host "$REACH_STREAMS_PER_HOST" -settle "$SETTLE" -pids "${PID[broker]}" \
+		-metrics "127.0.0.1:$BMETRICS_PORT" -hold "$REACH_IDLE_HOLD") || {
 		fail "reach idle hosts/streams failed (see $RESULTS/logs/reach-loadgen.log)"
 		return 0
 	}
 	R[idle_host_kib]=$(printf '%.1f' "$(kv kib_per_host "$out")")
 	R[idle_stream_kib]=$(printf '%.1f' "$(kv kib_per_stream "$out")")
+	R[idle_host_g]=$(kv goroutines_per_host "$out")
+	R[idle_stream_g]=$(kv goroutines_per_stream "$out")
+	R[idle_cpu]=$(kv idle_cpu_pct "$out")
 	R[idle_streams]=$(kv streams "$out")
 	R[idle_hosts]=$(kv hosts "$out")
 }
@@ -416,8 +422,11 @@ reach_table() {
 	reach_row "broker-bound ceiling MB/s, upload" "$(reach_ceiling "${R[upload_cpugb.broker]:-}")" "" ""
 	reach_row "broker CPU µs per 64 B echo" "${R[rtt_cpu]:-}" "" "two small messages"
 	reach_row "broker CPU µs per small message" "$msg_us" "" "≤ 20: $(reach_verdict "$msg_us" "<=" 20)"
-	reach_row "broker RSS KiB per idle host" "${R[idle_host_kib]:-}" "" ""
-	reach_row "broker RSS KiB per idle stream" "$kib" "" "≤ 64: $(reach_verdict "$kib" "<=" 64)"
+	reach_row "broker RSS KiB per idle host" "${R[idle_host_kib]:-}" "" "≤ 32: $(reach_verdict "${R[idle_host_kib]:-}" "<=" 32)"
+	reach_row "broker RSS KiB per idle stream" "$kib" "" "≤ 32: $(reach_verdict "$kib" "<=" 32)"
+	reach_row "broker goroutines per idle host" "${R[idle_host_g]:-}" "" "≤ 1: $(reach_verdict "${R[idle_host_g]:-}" "<=" 1)"
+	reach_row "broker goroutines per idle stream" "${R[idle_stream_g]:-}" "" "≤ 1: $(reach_verdict "${R[idle_stream_g]:-}" "<=" 1)"
+	reach_row "broker CPU % of a core, all idle (${REACH_IDLE_HOLD})" "${R[idle_cpu]:-}" "" "keepalive at this size"
 	reach_row "uploading stream cut" "$cut" "" "none: $([[ $cut == none ]] && echo met || echo "${cut/-/not measured}")"
 	echo
 	echo "notes:"
@@ -432,7 +441,9 @@ reach_table() {
 	echo "  A small message is half an echo (request and answer each cross the broker once)."
 	echo "- idle: ${R[idle_hosts]:--} host registrations (real connectors, the package securelink serve runs,"
 	echo "  started from loadgen), then ${R[idle_streams]:--} client streams on $REACH_STREAM_HOSTS of them ($REACH_STREAMS_PER_HOST each, the"
-	echo "  per-host limit), each with its own bootstrap; VmRSS increase of the broker after $SETTLE."
+	echo "  per-host limit), each with its own bootstrap; VmRSS increase of the broker after $SETTLE;"
+	echo "  goroutines from the broker's go_goroutines (/metrics); CPU over $REACH_IDLE_HOLD with everything idle"
+	echo "  (pings every 15 s on every socket; issue 15's goal is ≤ 5% of a core at 10,000 hosts + 50,000 streams)."
 	echo "  The broker config raises attempts_per_minute (default 30 per source) for this figure."
 	echo "- core busy during the windows (broker core | load core):"
 	local k

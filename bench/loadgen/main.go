@@ -66,8 +66,8 @@ func commands() []command {
 			"                                     bootstrap -> /relay/ws via broker -> route credential", cmdReachRoute},
 		{"soak", "-addr ADDR -pin PIN -metrics ADDR [-broker-metrics ADDR -reach CRED,... -ca-file PEM]\n" +
 			"                                     steady mixed load; fails on client errors or resource growth", cmdSoak},
-		{"reach-idle", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER\n" +
-			"                                     broker RSS per idle host and per idle stream", cmdReachIdle},
+		{"reach-idle", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER [-metrics ADDR -hold DUR]\n" +
+			"                                     broker RSS and goroutines per idle host and per idle stream", cmdReachIdle},
 		{"reach-hosts", "-n N -hosts-file FILE -out JSONL   a broker hosts file with N fresh hosts, in one write", cmdReachHosts},
 		{"reach-scale", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER -metrics ADDR -levels S,S\n" +
 			"                                     broker CPU per registration and per match at each stream-table size,\n" +

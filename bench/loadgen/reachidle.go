@@ -96,13 +96,15 @@ func cmdReachIdle(args []string) error {
 	late := fs.Duration("late", 0, "if set, sample the RSS again this long after the streams' sample (Go forces a GC every 2 min)")
 	par := fs.Int("parallel", 16, "registrations in flight")
 	pids := fs.String("pids", "", "broker pid")
+	metrics := fs.String("metrics", "", "the broker's metrics listener (host:port): goroutines per idle host and stream from go_goroutines")
+	hold := fs.Duration("hold", 0, "if set, keep everything idle this long after the last sample and report the broker's CPU meanwhile (keepalive and idle timers)")
 	fs.Parse(args)
 	if err := brokerLoopback(*brokerURL); err != nil {
 		return err
 	}
 	if *nHosts < 1 || *nHosts > maxIdleHosts || *streamHosts < 0 || *streamHosts > *nHosts ||
-		*perHost < 1 || *perHost > maxStreamsPerHst || *settle < 0 || *settle > maxDuration || *par < 1 || *par > 256 {
-		return errors.New("bad -hosts-n/-stream-hosts/-streams-per-host/-settle/-parallel")
+		*perHost < 1 || *perHost > maxStreamsPerHst || *settle < 0 || *settle > maxDuration || *par < 1 || *par > 256 || *hold < 0 || *hold > maxDuration {
+		return errors.New("bad -hosts-n/-stream-hosts/-streams-per-host/-settle/-parallel/-hold")
 	}
 	roots, err := parsePIDs(*pids)
 	if err != nil || len(roots) == 0 {
@@ -119,7 +121,24 @@ func cmdReachIdle(args []string) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
+	if *metrics != "" {
+		if err := loopbackOnly(*metrics); err != nil {
+			return err
+		}
+	}
+	// goroutines reads the broker's go_goroutines; -1 without -metrics.
+	goroutines := func() (float64, error) {
+		if *metrics == "" {
+			return -1, nil
+		}
+		s, err := scrape(ctx, *metrics)
+		return s.goroutines, err
+	}
 	before, err := sampleProcs(roots)
+	if err != nil {
+		return err
+	}
+	g0, err := goroutines()
 	if err != nil {
 		return err
 	}
@@ -136,6 +155,10 @@ func cmdReachIdle(args []string) error {
 	hostSecs := time.Since(t0).Seconds()
 	time.Sleep(*settle)
 	mid, err := sampleProcs(roots)
+	if err != nil {
+		return err
+	}
+	g1, err := goroutines()
 	if err != nil {
 		return err
 	}
@@ -160,6 +183,17 @@ func cmdReachIdle(args []string) error {
 	if err != nil {
 		return err
 	}
+	g2, err := goroutines()
+	if err != nil {
+		return err
+	}
+	gNote := ""
+	if *metrics != "" {
+		gNote = fmt.Sprintf(" goroutines_per_host=%.2f", (g1-g0)/float64(len(hosts)))
+		if nStreams > 0 {
+			gNote += fmt.Sprintf(" goroutines_per_stream=%.2f", (g2-g1)/float64(nStreams))
+		}
+	}
 	perHostKiB := (float64(mid.rssKiB) - float64(before.rssKiB)) / float64(len(hosts))
 	perStreamKiB := 0.0
 	if nStreams > 0 {
@@ -175,8 +209,25 @@ func cmdReachIdle(args []string) error {
 		lateNote = fmt.Sprintf(" rss_late_kib=%d kib_per_host_stream_late=%.1f", l.rssKiB,
 			(float64(l.rssKiB)-float64(before.rssKiB))/float64(len(hosts)+nStreams))
 	}
-	fmt.Printf("hosts=%d streams=%d host_secs=%.2f stream_secs=%.2f rss_before_kib=%d rss_hosts_kib=%d rss_streams_kib=%d kib_per_host=%.1f kib_per_stream=%.1f%s\n",
-		len(hosts), nStreams, hostSecs, streamSecs, before.rssKiB, mid.rssKiB, after.rssKiB, perHostKiB, perStreamKiB, lateNote)
+	holdNote := ""
+	if *hold > 0 {
+		// Everything idle: what the broker spends is its keepalive (a ping
+		// every interval on every socket) and its idle timers.
+		h0, err := sampleProcs(roots)
+		if err != nil {
+			return err
+		}
+		t := time.Now()
+		time.Sleep(*hold)
+		h1, err := sampleProcs(roots)
+		if err != nil {
+			return err
+		}
+		secs := time.Since(t).Seconds()
+		holdNote = fmt.Sprintf(" hold_secs=%.1f idle_cpu_pct=%.2f", secs, (h1.cpuMicros()-h0.cpuMicros())/1e6/secs*100)
+	}
+	fmt.Printf("hosts=%d streams=%d host_secs=%.2f stream_secs=%.2f rss_before_kib=%d rss_hosts_kib=%d rss_streams_kib=%d kib_per_host=%.1f kib_per_stream=%.1f%s%s%s\n",
+		len(hosts), nStreams, hostSecs, streamSecs, before.rssKiB, mid.rssKiB, after.rssKiB, perHostKiB, perStreamKiB, gNote, lateNote, holdNote)
 	return nil
 }
 

@@ -2,6 +2,7 @@ package msgconn
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -27,16 +28,21 @@ func (p *Pause) Leave() { p.n.Add(-1) }
 // Paused reports whether a pause is in progress.
 func (p *Pause) Paused() bool { return p.n.Load() > 0 }
 
-// Keepalive is a ping loop that ends a socket whose peer stopped answering.
+// Keepalive is the pause-forgiving ping of one socket: it ends a socket
+// whose peer stopped answering. Start runs it on a timer (no goroutine
+// while it waits; a ping in progress runs on the timer's own goroutine,
+// which exists only until the pong), Run on the calling goroutine.
 type Keepalive struct {
 	Conn     Conn
 	Interval time.Duration // between pings
 	Timeout  time.Duration // a pong is overdue this long after the previous one
 	Pause    *Pause        // pauses that forgive a missing pong; nil: none
-	// Stop, when not nil, ends the loop like ctx does.
+	// Stop, when not nil, ends the keepalive like ctx does. Run watches
+	// it; Start only checks it before and after each ping (call the stop
+	// function Start returns to cut a ping in progress).
 	Stop <-chan struct{}
 	// Dead is called once when a pong is overdue and neither ctx nor
-	// Stop has ended; Run returns right after.
+	// Stop has ended; the keepalive ends right after.
 	Dead func()
 }
 
@@ -45,55 +51,77 @@ type Keepalive struct {
 // clock restarts). It returns when ctx ends, Stop closes or Dead was
 // called.
 func (k Keepalive) Run(ctx context.Context) {
-	p := k.Pause
-	if p == nil {
-		p = new(Pause)
+	dead := make(chan struct{})
+	fn := k.Dead
+	k.Dead = func() { fn(); close(dead) }
+	stop := k.Start(ctx)
+	defer stop()
+	select {
+	case <-dead:
+	case <-k.Stop:
+	case <-ctx.Done():
 	}
-	if k.Stop != nil { // Stop also cuts a ping in progress
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		go func() {
-			select {
-			case <-k.Stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+}
+
+// Start runs the keepalive of Run on a timer and returns at once. The
+// returned function stops it: it cuts a ping in progress and returns once
+// no tick runs any more, so Dead is never called after it returned. It must
+// not be called from Dead.
+func (k Keepalive) Start(ctx context.Context) (stop func()) {
+	t := &keepaliveTimer{k: k, p: k.Pause, last: time.Now()}
+	if t.p == nil {
+		t.p = new(Pause)
 	}
-	last := time.Now()
-	t := time.NewTimer(k.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-k.Stop:
-			return
-		case <-ctx.Done():
-			return
-		}
-		// The epoch is read before the count: a pause that starts in
-		// between changes the epoch, one that started before is counted.
-		e0 := p.epoch.Load()
-		if p.n.Load() > 0 {
-			last = time.Now()
-			t.Reset(k.Interval)
-			continue
-		}
-		pctx, cancel := context.WithDeadline(ctx, last.Add(k.Timeout))
-		err := k.Conn.Ping(pctx)
-		cancel()
-		if err == nil || p.epoch.Load() != e0 || p.n.Load() > 0 {
-			last = time.Now()
-			t.Reset(k.Interval)
-			continue
-		}
-		select {
-		case <-k.Stop:
-		case <-ctx.Done():
-		default:
-			k.Dead()
-		}
+	t.ctx, t.cancel = context.WithCancel(ctx)
+	t.mu.Lock()
+	t.t = time.AfterFunc(k.Interval, t.tick)
+	t.mu.Unlock()
+	return t.stop
+}
+
+// keepaliveTimer is one started Keepalive. mu is held while a tick runs,
+// so stop can wait for it.
+type keepaliveTimer struct {
+	k      Keepalive
+	p      *Pause
+	ctx    context.Context // ends at stop, or with Start's ctx
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	t      *time.Timer
+	last   time.Time // the last pong, or the last pause seen
+}
+
+func (t *keepaliveTimer) ended() bool {
+	return t.ctx.Err() != nil || (t.k.Stop != nil && isClosed(t.k.Stop))
+}
+
+func (t *keepaliveTimer) tick() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended() {
 		return
 	}
+	// The epoch is read before the count: a pause that starts in between
+	// changes the epoch, one that started before is counted.
+	e0 := t.p.epoch.Load()
+	if t.p.n.Load() == 0 {
+		pctx, cancel := context.WithDeadline(t.ctx, t.last.Add(t.k.Timeout))
+		err := t.k.Conn.Ping(pctx)
+		cancel()
+		if err != nil && t.p.epoch.Load() == e0 && t.p.n.Load() == 0 {
+			if !t.ended() {
+				t.k.Dead()
+			}
+			return
+		}
+	}
+	t.last = time.Now()
+	t.t.Reset(t.k.Interval)
+}
+
+func (t *keepaliveTimer) stop() {
+	t.cancel() // cuts a ping in progress
+	t.mu.Lock()
+	t.t.Stop()
+	t.mu.Unlock()
 }

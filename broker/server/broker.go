@@ -329,18 +329,16 @@ func (b *Broker) serveHost(ctx context.Context, c msgconn.Conn, reg wire.Registe
 	b.holdHost(ctx, h)
 	defer b.releaseHost(h)
 	c.SetReadLimit(wire.MaxHostFrameIn)
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); h.writeLoop() }()
-	go func() {
-		defer wg.Done()
-		b.keepalive(c, &h.pause, h.done, func() {
-			b.count("host:ping_timeout")
-			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "ping timeout", cancel: true})
-		}).Run(ctx)
-	}()
+	h.wake.start()
+	stopKeepalive := b.keepalive(c, &h.pause, h.done, func() {
+		b.count("host:ping_timeout")
+		b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "ping timeout", cancel: true})
+	}).Start(ctx)
 	h.readLoop(ctx)
-	wg.Wait()
+	// The reader returns once the end is decided, except when ctx ended.
+	b.endHost(h, hostEnd{code: wire.CloseGoingAway, cancel: true})
+	stopKeepalive()
+	<-h.writerDone
 	h.releaseQueues()
 	h.log.Info().Int("close_code", h.end.code).Str("reason", h.end.reason).Msg("host registration ended")
 }
@@ -568,7 +566,7 @@ func (b *Broker) openLocked(h *hostSession, c msgconn.Conn, cred store.Credentia
 	delete(b.pending, c) // from now on the host's end closes it
 	open, _ := wire.Marshal(wire.Open{StreamID: id, HostConnectionID: h.connID})
 	h.ctrl = append(h.ctrl, ctrlItem{msg: open})
-	signal(h.wake)
+	h.wake.kick()
 	return s
 }
 
@@ -612,7 +610,7 @@ func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
 	if e.toHost {
 		s.upClose = true
 		h.rr.Add(s)
-		signal(h.wake)
+		h.wake.kick()
 		if s.credit && len(s.up) > 0 {
 			if h.flushing == nil {
 				h.flushing = map[wire.ID]*stream{}
@@ -626,7 +624,7 @@ func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
 	if e.cancel && s.writeCancel != nil {
 		s.writeCancel()
 	}
-	signal(s.downWake)
+	s.downWake.kick()
 	if e.stat != "" {
 		b.count("stream:" + e.stat)
 	}
@@ -677,7 +675,7 @@ func (b *Broker) endHostLocked(h *hostSession, e hostEnd) {
 	if e.cancel {
 		h.writeCancel()
 	}
-	signal(h.wake)
+	h.wake.kick()
 }
 
 // Close stops the broker: new sockets are refused, every host gets CLOSE

@@ -24,11 +24,16 @@ type hostSession struct {
 	log         zerolog.Logger
 	pause       msgconn.Pause
 
-	wake        chan struct{} // capacity 1: the writer has work or must end
+	wake        *writer       // runs writeLoop while it has work or must end
 	replySpace  chan struct{} // capacity 1: a reply left the queue
 	done        chan struct{} // closed once the end is decided
 	writeCtx    context.Context
 	writeCancel context.CancelFunc // cuts an in-flight write (immediate ends)
+	writerDone  chan struct{}      // closed once the writer closed the socket
+
+	// Writer-only (one writeLoop at a time): a write failed, so only the
+	// close is attempted; the close is done.
+	broken, finished bool
 
 	mu      sync.Mutex // guards everything below and the queues of its streams
 	ctrl    []ctrlItem // text messages in order: registered, replies, opens
@@ -99,7 +104,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		tokenDigest: d,
 		conn:        c,
 		log:         b.log.With().Str("host", hostLabel(reg.HostID)).Logger(),
-		wake:        make(chan struct{}, 1),
+		writerDone:  make(chan struct{}),
 		replySpace:  make(chan struct{}, 1),
 		done:        make(chan struct{}),
 		ctrl:        []ctrlItem{{msg: answer}},
@@ -107,7 +112,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		offered:     !b.cfg.DisableCredit,
 	}
 	h.writeCtx, h.writeCancel = context.WithCancel(ctx)
-	signal(h.wake)
+	h.wake = newWriter(h.writeLoop) // serveHost starts it
 	return h
 }
 
@@ -255,7 +260,7 @@ func (h *hostSession) grantAllLocked() {
 			s.grantQueued = true
 			h.grants = append(h.grants, s)
 		}
-		signal(h.wake)
+		h.wake.kick()
 	}
 }
 
@@ -370,7 +375,7 @@ func (h *hostSession) reply(ctx context.Context, m wire.Message) bool {
 			h.ctrl = append(h.ctrl, ctrlItem{msg: msg, reply: true})
 			h.replies++
 			h.mu.Unlock()
-			signal(h.wake)
+			h.wake.kick()
 			return true
 		}
 		h.mu.Unlock()
@@ -403,7 +408,7 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 		err := s.upWin.Grant(f.Increment())
 		if err == nil && len(s.up) > 0 {
 			h.rr.Add(s)
-			signal(h.wake)
+			h.wake.kick()
 		}
 		h.mu.Unlock()
 		if err != nil {
@@ -478,7 +483,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				s.downBytes += n
 				h.downHeld += n
 				h.mu.Unlock()
-				signal(s.downWake)
+				s.downWake.kick()
 				return true
 			}
 			h.mu.Unlock()
@@ -508,7 +513,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				s.down = append(s.down, payload)
 				s.downBytes += n
 				h.mu.Unlock()
-				signal(s.downWake)
+				s.downWake.kick()
 				return true
 			}
 			wait = ch
@@ -577,14 +582,15 @@ type outItem struct {
 
 // writeLoop is the only goroutine that writes to the host socket: control
 // messages first, in order, then stream frames round-robin, one frame per
-// turn, so one bulk upload cannot starve another stream.
+// turn, so one bulk upload cannot starve another stream. It runs while
+// there is something to write (h.wake) and returns once there is not, true
+// once the socket is closed.
 //
 // What is queued leaves in as few socket writes as the transport allows
 // (msgconn.Batcher): held from the first item, sent once the queue is
-// empty, before the writer waits.
-func (h *hostSession) writeLoop() {
+// empty, before the writer returns.
+func (h *hostSession) writeLoop() (closed bool) {
 	b := h.b
-	broken := false // after a failed write, only the close is attempted
 	batch, _ := h.conn.(msgconn.Batcher)
 	held := false
 	send := func() {
@@ -592,29 +598,30 @@ func (h *hostSession) writeLoop() {
 		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
 		err := batch.SendHeld(ctx)
 		cancel()
-		if err != nil && !broken {
-			broken = true
+		if err != nil && !h.broken {
+			h.broken = true
 			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
 		}
 	}
-	for {
-		item, fin := h.next(broken)
+	for !h.finished {
+		item, fin := h.next(h.broken)
 		if fin != nil {
 			if held {
 				send()
 			}
-			h.finish(fin, broken)
-			return
+			h.finished = true
+			h.finish(fin, h.broken)
+			close(h.writerDone)
+			return true
 		}
 		if item == nil {
 			if held {
 				send()
 				continue
 			}
-			<-h.wake
-			continue
+			return false
 		}
-		if batch != nil && !held && !broken {
+		if batch != nil && !held && !h.broken {
 			batch.HoldWrites()
 			held = true
 		}
@@ -626,10 +633,11 @@ func (h *hostSession) writeLoop() {
 			putFrame(item.data)
 		}
 		if err != nil {
-			broken = true
+			h.broken = true
 			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
 		}
 	}
+	return true
 }
 
 // next picks what to write. It returns the end decision once nothing more

@@ -1,10 +1,13 @@
 package server
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -50,7 +53,7 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "too many connection attempts", http.StatusTooManyRequests)
 		return
 	}
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+	ws, err := websocket.Accept(smallReadBuffer{w}, r, &websocket.AcceptOptions{
 		// Authentication is the register message, not cookies, so a
 		// cross-origin page gains nothing; clients in browsers must work.
 		InsecureSkipVerify: true,
@@ -59,14 +62,57 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // Accept already answered the request
 	}
+	// The socket is served on a goroutine of its own and the handler
+	// returns: net/http's connection goroutine then ends and lets go of
+	// what an upgraded socket never needs again (the request, its
+	// response writer and buffers, the stack that ran the TLS handshake).
+	// The request's context ends when the handler returns, so the session
+	// hangs off the broker's.
 	wc := msgconn.FromWebSocket(ws, r.RemoteAddr)
 	if c, ok := r.Context().Value(netConnKey{}).(*tls.Conn); ok {
 		if bc, ok := c.NetConn().(*msgconn.BatchConn); ok {
 			wc.SetBatch(bc)
 		}
 	}
-	b.Serve(r.Context(), wc)
-	wc.Release() // Serve's reader is done with it
+	go func() {
+		b.Serve(context.Background(), wc)
+		wc.Release() // Serve's reader is done with it
+	}()
+}
+
+// socketReadBuffer is the read buffer an upgraded socket keeps for its
+// life. The WebSocket library reads frame headers through it and larger
+// payload reads bypass it; below it, crypto/tls holds the decrypted record
+// anyway, so a small one costs a few more calls into tls, not syscalls.
+// net/http's is 4 KiB, per socket, idle or not.
+const socketReadBuffer = 512
+
+// smallReadBuffer hands the WebSocket library a socketReadBuffer-sized
+// read buffer at the hijack in place of net/http's.
+type smallReadBuffer struct{ http.ResponseWriter }
+
+func (w smallReadBuffer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("broker: the response writer cannot be hijacked")
+	}
+	c, brw, err := hj.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	n := brw.Reader.Buffered()
+	if n == 0 {
+		return c, bufio.NewReadWriter(bufio.NewReaderSize(c, socketReadBuffer), brw.Writer), nil
+	}
+	// Bytes the client sent after its request (net/http's buffer holds
+	// them) come first, buffered, as the library expects.
+	early, _ := brw.Reader.Peek(n)
+	rd := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(early)), c), max(socketReadBuffer, n))
+	if _, err := rd.Peek(n); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, bufio.NewReadWriter(rd, brw.Writer), nil
 }
 
 // netConnKey carries a request's connection in its context (ConnContext),

@@ -30,10 +30,17 @@ type stream struct {
 	lastActive   atomic.Int64
 	lastProgress atomic.Int64
 
-	done      chan struct{} // closed once the end is decided
-	downWake  chan struct{} // capacity 1: client-bound data or the end arrived
-	downSpace chan struct{} // capacity 1: client-bound queue shrank
-	upCredit  chan struct{} // capacity 1: the host granted credit
+	done chan struct{} // closed once the end is decided
+
+	// The writer's: the session's context (set before it starts), and,
+	// writer-only, whether `matched` or a later write failed (flushing is
+	// pointless then) and whether the close is done.
+	ctx              context.Context
+	broken, finished bool
+	writerDone       chan struct{} // closed once the writer closed the socket
+	downWake         *writer       // runs writeLoop: client-bound data or the end arrived
+	downSpace        chan struct{} // capacity 1: client-bound queue shrank
+	upCredit         chan struct{} // capacity 1: the host granted credit
 
 	// Guarded by h.mu.
 	up           [][]byte // host-bound frames, header included
@@ -78,18 +85,19 @@ type streamEnd struct {
 
 func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred store.Credential) *stream {
 	s := &stream{
-		b:         b,
-		id:        id,
-		h:         h,
-		conn:      c,
-		digest:    cred.Digest,
-		kind:      cred.Kind,
-		log:       h.log.With().Str("stream_id", id.String()).Logger(),
-		done:      make(chan struct{}),
-		downWake:  make(chan struct{}, 1),
-		downSpace: make(chan struct{}, 1),
-		upCredit:  make(chan struct{}, 1),
+		b:          b,
+		id:         id,
+		h:          h,
+		conn:       c,
+		digest:     cred.Digest,
+		kind:       cred.Kind,
+		log:        h.log.With().Str("stream_id", id.String()).Logger(),
+		done:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		downSpace:  make(chan struct{}, 1),
+		upCredit:   make(chan struct{}, 1),
 	}
+	s.downWake = newWriter(s.writeLoop) // run starts it
 	now := time.Now().UnixNano()
 	s.lastActive.Store(now)
 	s.lastProgress.Store(now)
@@ -109,22 +117,22 @@ func (s *stream) run(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
 	err := s.conn.Write(wctx, msgconn.Text, msg)
 	cancel()
-	broken := err != nil
-	if broken {
+	s.broken = err != nil
+	if s.broken {
 		b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
 	}
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() { defer wg.Done(); s.writeLoop(ctx, broken) }()
-	go func() {
-		defer wg.Done()
-		b.keepalive(s.conn, &s.pause, s.done, func() {
-			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "ping timeout", toHost: true, cancel: true, stat: "ping_timeout"})
-		}).Run(ctx)
-	}()
-	go func() { defer wg.Done(); s.idleWatch(ctx) }()
+	s.ctx = ctx
+	s.downWake.start()
+	stopKeepalive := b.keepalive(s.conn, &s.pause, s.done, func() {
+		b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "ping timeout", toHost: true, cancel: true, stat: "ping_timeout"})
+	}).Start(ctx)
+	idle := startIdleTimer(b.cfg.IdleTimeout, s.idleCheck)
 	s.readLoop(ctx)
-	wg.Wait()
+	// The reader returns once the end is decided, except when ctx ended.
+	b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true})
+	stopKeepalive()
+	idle.stop()
+	<-s.writerDone
 	s.log.Debug().Int("close_code", s.end.code).Str("reason", s.end.reason).Msg("stream ended")
 }
 
@@ -231,7 +239,7 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 				h.upBytes += n
 				h.rr.Add(s)
 				h.mu.Unlock()
-				signal(h.wake)
+				h.wake.kick()
 				return true
 			}
 			wait = ch
@@ -272,30 +280,28 @@ func (s *stream) framesUp(data []byte) [][]byte {
 
 // writeLoop is the only goroutine writing to the client after `matched`.
 // The host's payloads go out coalesced into messages of up to
-// ClientWriteChunk bytes (takeDown).
-// broken says `matched` could not be written: flushing is pointless then.
-func (s *stream) writeLoop(ctx context.Context, broken bool) {
-	b, h := s.b, s.h
-	for {
+// ClientWriteChunk bytes (takeDown). It runs while there is something to
+// write or the end to carry out (s.downWake) and returns once there is not,
+// true once the socket is closed.
+func (s *stream) writeLoop() (closed bool) {
+	b, h, ctx := s.b, s.h, s.ctx
+	for !s.finished {
 		h.mu.Lock()
-		if s.end != nil && (broken || !s.end.flush || len(s.down) == 0) {
+		if s.end != nil && (s.broken || !s.end.flush || len(s.down) == 0) {
 			e := *s.end
 			s.dropDownLocked()
 			h.mu.Unlock()
-			if broken {
+			if s.broken {
 				e.errMsg = ""
 			}
+			s.finished = true
 			s.finish(ctx, e)
-			return
+			close(s.writerDone)
+			return true
 		}
 		if len(s.down) == 0 {
 			h.mu.Unlock()
-			select {
-			case <-s.downWake:
-			case <-ctx.Done():
-				b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true})
-			}
-			continue
+			return false
 		}
 		p, n, whole := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
 		credit := s.credit
@@ -326,10 +332,11 @@ func (s *stream) writeLoop(ctx context.Context, broken bool) {
 		cancel()
 		b.budget.release(len(p))
 		if err != nil {
-			broken = true
+			s.broken = true
 			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "write failed", toHost: true, cancel: true, stat: "write_failed"})
 		}
 	}
+	return true
 }
 
 // dropDownLocked (h.mu held) releases the client-bound bytes that will not
@@ -427,31 +434,24 @@ func (s *stream) finish(ctx context.Context, e streamEnd) {
 	s.conn.Close(e.code, e.reason)
 }
 
-// idleWatch closes the stream after IdleTimeout without payload bytes in
-// either direction (pings do not count).
-func (s *stream) idleWatch(ctx context.Context) {
+// idleCheck (on the stream's idle timer) closes the stream after
+// IdleTimeout without payload bytes in either direction (pings do not
+// count); otherwise it returns when to look again.
+func (s *stream) idleCheck() time.Duration {
 	b := s.b
-	t := time.NewTimer(b.cfg.IdleTimeout)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.done:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		idle := time.Since(time.Unix(0, s.lastActive.Load()))
-		if idle >= b.cfg.IdleTimeout {
-			// Under credit, client bytes still queued wait for a WINDOW the
-			// host is not sending: they are dropped, so the CLOSE does not
-			// wait behind them.
-			s.h.mu.Lock()
-			credit := s.credit
-			s.h.mu.Unlock()
-			b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "idle", toHost: true, dropUp: credit, cancel: true, stat: "idle"})
-			return
-		}
-		t.Reset(b.cfg.IdleTimeout - idle)
+	if isDone(s.done) || s.ctx.Err() != nil {
+		return 0
 	}
+	idle := time.Since(time.Unix(0, s.lastActive.Load()))
+	if idle < b.cfg.IdleTimeout {
+		return b.cfg.IdleTimeout - idle
+	}
+	// Under credit, client bytes still queued wait for a WINDOW the host
+	// is not sending: they are dropped, so the CLOSE does not wait behind
+	// them.
+	s.h.mu.Lock()
+	credit := s.credit
+	s.h.mu.Unlock()
+	b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "idle", toHost: true, dropUp: credit, cancel: true, stat: "idle"})
+	return 0
 }

@@ -357,13 +357,28 @@ reach_run() {
 	log "reach: idle hosts and streams"
 	reach_idle
 	sleep 1
-	local mode via
-	# Interleaved, so drift on the shared machine hits credit on and off alike.
-	for mode in download upload; do
-		for via in broker broker_off direct; do
-			log "reach: $mode $via"
-			reach_xfer "$mode" "$via"
+	local mode via round k
+	# Interleaved, so drift on the shared machine hits credit on and off
+	# alike, and repeated ROUNDS times: the table shows each transfer
+	# figure's median (a cut in any round counts), the notes every round.
+	declare -gA REACH_RX=()
+	for round in $(seq 1 "$ROUNDS"); do
+		for mode in download upload; do
+			for via in broker broker_off direct; do
+				log "reach: round $round/$ROUNDS, $mode $via"
+				reach_xfer "$mode" "$via"
+			done
 		done
+		for k in "${!R[@]}"; do
+			[[ $k =~ ^(download|upload)_(mbs|cpugb|n|cut)\. ]] && REACH_RX[$k]+="${REACH_RX[$k]:+ }${R[$k]}"
+		done
+	done
+	for k in "${!REACH_RX[@]}"; do
+		if [[ $k == *_cut.* ]]; then
+			R[$k]=$(tr ' ' '\n' <<<"${REACH_RX[$k]}" | sort -g | tail -1)
+		else
+			R[$k]=$(median "${REACH_RX[$k]}")
+		fi
 	done
 	for via in broker direct; do
 		log "reach: echo $via"
@@ -430,7 +445,8 @@ reach_table() {
 	reach_row "uploading stream cut" "$cut" "" "none: $([[ $cut == none ]] && echo met || echo "${cut/-/not measured}")"
 	echo
 	echo "notes:"
-	echo "- MB/s = 10^6 bytes/s over ${DUR} s after ${WARM} s warm-up, on ONE connection (one broker stream:"
+	echo "- transfers: median of $ROUNDS interleaved round(s). MB/s = 10^6 bytes/s over ${DUR} s after ${WARM} s"
+	echo "  warm-up, on ONE connection (one broker stream:"
 	echo "  route credential from the front's auth.ok handoff); download counts body bytes read, upload"
 	echo "  counts bytes the upstream sink confirmed. Transfers in the window: download ${R[download_n.broker]:--}"
 	echo "  via broker / ${R[download_n.direct]:--} direct, upload ${R[upload_n.broker]:--} / ${R[upload_n.direct]:--}."
@@ -486,7 +502,10 @@ reach_credit_table() {
 	echo
 	echo "notes:"
 	echo "- download/upload: as above (one broker stream, back-to-back 8 MiB transfers), interleaved"
-	echo "  on, off, direct per mode."
+	echo "  on, off, direct per mode; median of $ROUNDS round(s). Every round (MB/s, on | off):"
+	for k in download upload; do
+		printf '    %-8s %s | %s\n' "$k" "${REACH_RX[${k}_mbs.broker]:--}" "${REACH_RX[${k}_mbs.broker_off]:--}"
+	done
 	echo "- ping-pong: 64 B /relay/ws echo, one in flight, on one stream, while a second stream of the same"
 	echo "  host (same route credential) GETs /api/bulk?n=4 (32 MiB, 4x the broker's 8 MiB stream queue)"
 	echo "  back to back into a client reading at $REACH_SLOW_RATE bytes/s, 64 KiB per read; ${DUR} s after"

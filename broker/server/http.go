@@ -74,8 +74,14 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 			wc.SetBatch(bc)
 		}
 	}
+	// Of the request's context only what Serve reads goes along: whether
+	// another instance forwarded the socket (PeerHandler).
+	ctx := context.Background()
+	if forwarded(r.Context()) {
+		ctx = context.WithValue(ctx, forwardedKey{}, true)
+	}
 	go func() {
-		b.Serve(context.Background(), wc)
+		b.Serve(ctx, wc)
 		wc.Release() // Serve's reader is done with it
 	}()
 }

@@ -290,9 +290,11 @@ func (s *session) open(m wire.Open) {
 		return
 	}
 	if len(s.streams) >= s.c.cfg.MaxStreams {
+		// Counted before the CLOSE can leave, so whoever sees the CLOSE
+		// sees the count (countMu is a leaf lock).
+		s.c.count("open_over_limit")
 		s.orphanCloseLocked(id)
 		s.mu.Unlock()
-		s.c.count("open_over_limit")
 		s.log.Info().Str("stream_id", id.String()).Int("max_streams", s.c.cfg.MaxStreams).Msg("reach: stream limit reached; answering CLOSE")
 		return
 	}

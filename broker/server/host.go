@@ -598,9 +598,8 @@ func (h *hostSession) writeLoop() (closed bool) {
 		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
 		err := batch.SendHeld(ctx)
 		cancel()
-		if err != nil && !h.broken {
-			h.broken = true
-			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
+		if err != nil {
+			h.writeFailed()
 		}
 	}
 	for !h.finished {
@@ -633,11 +632,20 @@ func (h *hostSession) writeLoop() (closed bool) {
 			putFrame(item.data)
 		}
 		if err != nil {
-			h.broken = true
-			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
+			h.writeFailed()
 		}
 	}
 	return true
+}
+
+// writeFailed (writer only) ends the registration once a write to the host
+// failed; from then on only the close is attempted.
+func (h *hostSession) writeFailed() {
+	if h.broken {
+		return
+	}
+	h.broken = true
+	h.b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
 }
 
 // next picks what to write. It returns the end decision once nothing more

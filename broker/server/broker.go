@@ -425,7 +425,8 @@ const replaySeconds = int64(wire.ReplayTTL / time.Second)
 // client is answered `unavailable`, so a restart can never accept the token
 // again and a stream never opens on a use that was not recorded.
 func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (*stream, error) {
-	if b.cfg.Shared != nil && !forwarded(ctx) {
+	fwd := forwarded(ctx)
+	if b.cfg.Shared != nil && !fwd {
 		if err := b.claimID(ctx, reg.ConnectionID); err != nil {
 			return nil, err
 		}
@@ -433,7 +434,7 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 	now := b.cfg.now()
 	d := wire.TokenDigest(string(reg.Token))
 	b.mu.Lock()
-	cred, h, err := b.admitLocked(reg, d, now, forwarded(ctx))
+	cred, h, err := b.admitLocked(reg, d, now, fwd)
 	if err != nil {
 		b.mu.Unlock()
 		return nil, err

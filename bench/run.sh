@@ -486,29 +486,26 @@ fail() {
 	FAILED=1
 }
 
-measure_get() {
-	local s=$1 n d bad cpu
-	read -r n d bad cpu < <(wrk_run "$s" /api/small "$GET_CONNS")
-	((bad == 0)) || fail "$s small GET: $bad errors or non-2xx responses"
-	((n > 0)) || {
-		fail "$s small GET: no request completed"
-		return
-	}
-	R[get_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.1f", c/n}')
-	R[get_rps.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n/d}')
+# rate_of KEY SERVER N SECS CPU_US -> R[KEY_cpu.SERVER] µs/op, R[KEY_rps.SERVER] ops/s
+rate_of() {
+	R[$1_cpu.$2]=$(awk -v c="$5" -v n="$3" 'BEGIN{printf "%.1f", c/n}')
+	R[$1_rps.$2]=$(awk -v n="$3" -v d="$4" 'BEGIN{printf "%.0f", n/d}')
 }
 
-measure_health() {
-	local s=$1 n d bad cpu
-	read -r n d bad cpu < <(wrk_run "$s" /relay/health "$GET_CONNS")
-	((bad == 0)) || fail "$s /relay/health: $bad errors or non-2xx responses"
+# measure_rate KEY SERVER PATH LABEL: wrk at GET_CONNS on PATH, figures under KEY
+measure_rate() {
+	local s=$2 n d bad cpu
+	read -r n d bad cpu < <(wrk_run "$s" "$3" "$GET_CONNS")
+	((bad == 0)) || fail "$s $4: $bad errors or non-2xx responses"
 	((n > 0)) || {
-		fail "$s /relay/health: no request completed"
+		fail "$s $4: no request completed"
 		return
 	}
-	R[health_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.1f", c/n}')
-	R[health_rps.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n/d}')
+	rate_of "$1" "$s" "$n" "$d" "$cpu"
 }
+
+measure_get() { measure_rate get "$1" /api/small "small GET"; }
+measure_health() { measure_rate health "$1" /relay/health /relay/health; }
 
 measure_download() {
 	local s=$1 n d bad cpu
@@ -540,8 +537,7 @@ measure_h3_get() {
 	local s=$1 n d cpu
 	read -r n d cpu < <(measure_h3 "$s" /api/small "$GET_CONNS" 100) || return 0
 	[[ -n $n ]] || return 0
-	R[h3get_cpu.$s]=$(awk -v c="$cpu" -v n="$n" 'BEGIN{printf "%.1f", c/n}')
-	R[h3get_rps.$s]=$(awk -v n="$n" -v d="$d" 'BEGIN{printf "%.0f", n/d}')
+	rate_of h3get "$s" "$n" "$d" "$cpu"
 }
 
 measure_h3_download() {

@@ -103,10 +103,13 @@ func usage() {
 // ---------------------------------------------------------------- small helpers
 
 // loopbackURL accepts only https:// URLs on a loopback IP address.
-func loopbackURL(u string) error {
-	rest, ok := strings.CutPrefix(u, "https://")
+func loopbackURL(u string) error { return schemeLoopback(u, "https") }
+
+// schemeLoopback accepts only scheme:// URLs on a loopback IP address.
+func schemeLoopback(u, scheme string) error {
+	rest, ok := strings.CutPrefix(u, scheme+"://")
 	if !ok {
-		return errors.New("-url must be https://127.0.0.1:PORT/path")
+		return errors.New("-url must be " + scheme + "://127.0.0.1:PORT/path")
 	}
 	hostport, _, _ := strings.Cut(rest, "/")
 	return loopbackOnly(hostport)
@@ -209,11 +212,5 @@ func relayAuth(ctx context.Context, c *websocket.Conn, id int) error {
 	return nil
 }
 
-func wsTarget(url string) error {
-	rest, ok := strings.CutPrefix(url, "wss://")
-	if !ok {
-		return errors.New("-url must be wss://127.0.0.1:PORT/path")
-	}
-	hostport, _, _ := strings.Cut(rest, "/")
-	return loopbackOnly(hostport)
-}
+// wsTarget accepts only wss:// URLs on a loopback IP address.
+func wsTarget(url string) error { return schemeLoopback(url, "wss") }

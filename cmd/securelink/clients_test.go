@@ -303,20 +303,9 @@ func TestDesktopClientThroughReachOnBun(t *testing.T) {
 
 	secret := bytes.Repeat([]byte{3}, 32)
 	home := newHermesHome(t, dir, secret)
-	so, se, err := runPairCLI(t, home, "200", "--config", cfgPath, "--relay", fakeMintRelay(t, secret, nil).URL, "--json")
-	if err != nil {
-		t.Fatalf("pair: %v\n%s", err, se)
-	}
-	var out struct {
-		Payload struct {
-			Endpoints []json.RawMessage `json:"endpoints"`
-		} `json:"payload"`
-	}
-	if err := json.Unmarshal([]byte(so), &out); err != nil || len(out.Payload.Endpoints) != 2 {
-		t.Fatalf("endpoints: %v %s", err, so)
-	}
+	eps := pairReachEndpoints(t, home, cfgPath, fakeMintRelay(t, secret, nil).URL)
 	candFile := filepath.Join(dir, "reach-candidate.json")
-	os.WriteFile(candFile, out.Payload.Endpoints[1], 0o600)
+	os.WriteFile(candFile, eps[1], 0o600)
 	env := []string{"NODE_EXTRA_CA_CERTS=" + certFile}
 	if r := runRecipe(t, env, b, "testdata/clients/desktop-reach.mjs", candFile); !r.OK || r.Stage != "echo" {
 		t.Fatalf("desktop through Reach: %+v\ndaemon: %s", r, d.stderr.String())

@@ -3,15 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hermes-securelink/securelink/internal/pairing"
 )
@@ -21,19 +18,7 @@ import (
 // _parse_pairing_metadata: float(raw_ttl), float(value)) and signs the
 // payload with its QR secret (plugin/relay/qr_sign.py sign_payload).
 func floatRelay(t *testing.T, secret []byte) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/pairing/mint" {
-			http.NotFound(w, r)
-			return
-		}
-		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		req, err := pairing.Parse(body)
-		if err != nil {
-			http.Error(w, "bad json", 400)
-			return
-		}
-		m := req.(map[string]any)
+	return mintRelay(t, secret, "FLT123", func(m map[string]any) map[string]any {
 		asFloat := func(v any) float64 {
 			n, _ := v.(pairing.Int).Int64()
 			return float64(n)
@@ -49,22 +34,9 @@ func floatRelay(t *testing.T, secret []byte) *httptest.Server {
 			}
 			relay["grants"] = fg
 		}
-		payload := map[string]any{"hermes": pairing.IntOf(3), "host": "127.0.0.1", "port": pairing.IntOf(8642),
+		return map[string]any{"hermes": pairing.IntOf(3), "host": "127.0.0.1", "port": pairing.IntOf(8642),
 			"key": "api-key-secret", "tls": false, "relay": relay, "endpoints": m["endpoints"]}
-		sig, err := pairing.Sign(secret, payload)
-		if err != nil {
-			http.Error(w, err.Error(), 500)
-			return
-		}
-		payload["sig"] = sig
-		qr, _ := pairing.Canonical(payload)
-		resp, _ := json.Marshal(map[string]any{"ok": true, "code": "FLT123", "qr_payload": string(qr),
-			"pairing_url": pairing.InviteURL(qr), "expires_at": time.Now().Add(10 * time.Minute).Unix()})
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(resp)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+	})
 }
 
 var floatInQR = regexp.MustCompile(`"(ttl_seconds|terminal|bridge)":[0-9]+\.0`)

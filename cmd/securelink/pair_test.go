@@ -24,6 +24,26 @@ import (
 // QR secret, and answers the code, the payload and the invite URL. mutate
 // lets a test play a Relay that alters what it signs.
 func fakeMintRelay(t *testing.T, secret []byte, mutate func(eps []any) []any) *httptest.Server {
+	return mintRelay(t, secret, "ABC123", func(m map[string]any) map[string]any {
+		eps, _ := m["endpoints"].([]any)
+		if mutate != nil {
+			eps = mutate(eps)
+		}
+		relay := map[string]any{"url": "ws://127.0.0.1:8767", "code": "ABC123"}
+		if ttl, ok := m["ttl_seconds"]; ok {
+			relay["ttl_seconds"] = ttl
+		}
+		return map[string]any{
+			"hermes": pairing.IntOf(3), "host": "127.0.0.1", "port": pairing.IntOf(8642),
+			"key": "api-key-secret", "tls": false, "relay": relay, "endpoints": eps,
+		}
+	})
+}
+
+// mintRelay is the part every fake Relay shares: GET /health, and POST
+// /pairing/mint parsed, handed to build for the payload, signed with secret
+// and answered with code, the QR payload and its invite URL.
+func mintRelay(t *testing.T, secret []byte, code string, build func(req map[string]any) map[string]any) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
@@ -40,20 +60,7 @@ func fakeMintRelay(t *testing.T, secret []byte, mutate func(eps []any) []any) *h
 			http.Error(w, "bad json", 400)
 			return
 		}
-		m := req.(map[string]any)
-		eps, _ := m["endpoints"].([]any)
-		if mutate != nil {
-			eps = mutate(eps)
-		}
-		payload := map[string]any{
-			"hermes": pairing.IntOf(3), "host": "127.0.0.1", "port": pairing.IntOf(8642),
-			"key": "api-key-secret", "tls": false,
-			"relay":     map[string]any{"url": "ws://127.0.0.1:8767", "code": "ABC123"},
-			"endpoints": eps,
-		}
-		if ttl, ok := m["ttl_seconds"]; ok {
-			payload["relay"].(map[string]any)["ttl_seconds"] = ttl
-		}
+		payload := build(req.(map[string]any))
 		sig, err := pairing.Sign(secret, payload)
 		if err != nil {
 			http.Error(w, err.Error(), 500)
@@ -62,7 +69,7 @@ func fakeMintRelay(t *testing.T, secret []byte, mutate func(eps []any) []any) *h
 		payload["sig"] = sig
 		qr, _ := pairing.Canonical(payload)
 		exp := time.Now().Add(10 * time.Minute).Unix()
-		resp, _ := json.Marshal(map[string]any{"ok": true, "code": "ABC123", "qr_payload": string(qr),
+		resp, _ := json.Marshal(map[string]any{"ok": true, "code": code, "qr_payload": string(qr),
 			"pairing_url": pairing.InviteURL(qr), "expires_at": exp})
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(resp)

@@ -186,14 +186,12 @@ func grepLines(text, prefix string) string {
 	return strings.Join(out, "\n")
 }
 
-// The QR that `securelink pair` prints carries a Reach route whose bootstrap
-// lets a client reach the host through the broker exactly once.
-func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
-	rs := startReachStack(t)
-	secret := []byte("0123456789abcdef0123456789abcdef")
-	home := newHermesHome(t, rs.dir, secret)
-	mint := fakeMintRelay(t, secret, nil)
-	so, se, err := runPairCLI(t, home, "200", "--config", rs.cfgPath, "--relay", mint.URL, "--json")
+// pairReachEndpoints runs `securelink pair --json` against the fake Relay at
+// relayURL and returns the QR's endpoints, which must be the direct route and
+// the Reach route (index 1).
+func pairReachEndpoints(t *testing.T, home, cfgPath, relayURL string) []json.RawMessage {
+	t.Helper()
+	so, se, err := runPairCLI(t, home, "200", "--config", cfgPath, "--relay", relayURL, "--json")
 	if err != nil {
 		t.Fatalf("pair with Reach: %v\n%s", err, se)
 	}
@@ -205,7 +203,17 @@ func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
 	if err := json.Unmarshal([]byte(so), &out); err != nil || len(out.Payload.Endpoints) != 2 {
 		t.Fatalf("endpoints: %v %s", err, so)
 	}
-	cand, err := client.ParseCandidate(out.Payload.Endpoints[1])
+	return out.Payload.Endpoints
+}
+
+// The QR that `securelink pair` prints carries a Reach route whose bootstrap
+// lets a client reach the host through the broker exactly once.
+func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
+	rs := startReachStack(t)
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	home := newHermesHome(t, rs.dir, secret)
+	mint := fakeMintRelay(t, secret, nil)
+	cand, err := client.ParseCandidate(pairReachEndpoints(t, home, rs.cfgPath, mint.URL)[1])
 	if err != nil {
 		t.Fatalf("the QR's outbound_broker candidate: %v", err)
 	}

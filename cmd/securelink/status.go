@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/hermes-securelink/securelink/internal/acme"
 	"github.com/hermes-securelink/securelink/internal/admin"
 )
 
@@ -69,7 +70,7 @@ func statusCommand() *cli.Command {
 			if st.TLS.LastError != "" {
 				fmt.Printf("tls error    %s: %s (next attempt %s)\n", st.TLS.Problem, st.TLS.LastError, orNone(st.TLS.NextAttempt))
 			}
-			if st.TLS.State == "waiting_first_certificate" {
+			if st.TLS.State == string(acme.StateWaiting) {
 				fmt.Printf("tls needs    %s\n", st.TLS.Needs)
 			}
 			if r := st.TLS.Rotation; r != nil {

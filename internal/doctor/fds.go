@@ -28,7 +28,7 @@ func RunBroker(cfg *server.Config, cfgErr error, path string) []Result {
 	var rs []Result
 	add := func(r Result) { rs = append(rs, r) }
 	if cfgErr != nil {
-		add(Result{"config", Fail, cfgErr.Error(), "correct the key named at file:line (the broker keys: README, "Reach (experimental)")"})
+		add(Result{"config", Fail, cfgErr.Error(), "correct the key named at file:line (the broker keys: README, section Reach)"})
 		return rs
 	}
 	add(Result{"config", OK, path, ""})

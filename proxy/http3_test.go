@@ -393,14 +393,7 @@ func TestHTTP3WrongPinAndUnknownSNIFail(t *testing.T) {
 func TestHTTP3RotationAppliesToNewHandshakes(t *testing.T) {
 	h := newHarness(t)
 	h.serveHTTP3()
-	started, release := make(chan struct{}), make(chan struct{})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce)
-	h.api.handle(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-release
-		io.WriteString(w, "finished")
-	})
+	started, releaseOnce := h.holdUpstream(t)
 	oldPin := h.id.Pin
 	slow := h.h3Slow()
 	<-started
@@ -446,14 +439,7 @@ func TestHTTP3ShutdownDrainsInFlightRequests(t *testing.T) {
 	waitFor(t, "ServeQUIC to listen", func() bool { return h.srv.h3.serving.Load() > 0 })
 	h.udp = pc.LocalAddr().String()
 
-	started, release := make(chan struct{}), make(chan struct{})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce)
-	h.api.handle(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-release
-		io.WriteString(w, "finished")
-	})
+	started, releaseOnce := h.holdUpstream(t)
 	idle := h.h3Client() // a second client with an idle connection
 	req, _ := http.NewRequest("GET", h.url("/relay/health"), nil)
 	sendVia(t, idle, 3, req)

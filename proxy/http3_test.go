@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -526,6 +527,13 @@ func TestAltSvcOnTCPOnlyWhileHTTP3Serves(t *testing.T) {
 	resp, _ = h.rawReq("GET", "/relay/health", "Host: 127.0.0.1:"+strconv.Itoa(h.port+1))
 	if got, want := resp.Header.Get("Alt-Svc"), `h3=":`+strconv.Itoa(h.port+1)+`"; ma=86400`; got != want {
 		t.Fatalf("Alt-Svc after an advertise_port change: %q, want %q", got, want)
+	}
+	// The header is built once per port, not per response.
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest("GET", "/relay/health", nil)
+	h.srv.advertiseHTTP3(w, r)
+	if n := testing.AllocsPerRun(100, func() { h.srv.advertiseHTTP3(w, r) }); n != 0 {
+		t.Fatalf("%.0f allocations to add Alt-Svc, want none", n)
 	}
 }
 

@@ -43,22 +43,9 @@ func writeBackup(stateDir string, data []byte, now time.Time) error {
 }
 
 func pruneBackups(dir string, keep int) error {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
+	names, err := backupNames(dir)
+	if err != nil || len(names) <= keep {
 		return err
-	}
-	var names []string
-	for _, e := range entries {
-		if e.Type().IsRegular() && backupName.MatchString(e.Name()) {
-			names = append(names, e.Name())
-		}
-	}
-	slices.Sort(names)
-	if len(names) <= keep {
-		return nil
 	}
 	for _, n := range names[:len(names)-keep] {
 		if err := os.Remove(filepath.Join(dir, n)); err != nil {
@@ -70,19 +57,30 @@ func pruneBackups(dir string, keep int) error {
 
 // Backups lists the kept identity backups, oldest first.
 func Backups(stateDir string) ([]string, error) {
-	entries, err := os.ReadDir(BackupDir(stateDir))
+	dir := BackupDir(stateDir)
+	names, err := backupNames(dir)
+	for i, n := range names {
+		names[i] = filepath.Join(dir, n)
+	}
+	return names, err
+}
+
+// backupNames lists the backup file names in dir, oldest first; none when
+// dir does not exist.
+func backupNames(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var names []string
 	for _, e := range entries {
 		if e.Type().IsRegular() && backupName.MatchString(e.Name()) {
-			out = append(out, filepath.Join(BackupDir(stateDir), e.Name()))
+			names = append(names, e.Name())
 		}
 	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(names)
+	return names, nil
 }

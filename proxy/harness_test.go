@@ -563,3 +563,20 @@ func TestForwardingPathsSelectThePath(t *testing.T) {
 		}
 	}
 }
+
+// holdUpstream makes the api upstream hold a request until release is
+// called (at the latest at cleanup), then answer "finished"; started closes
+// when the request arrives. One request only: a second would close started
+// again.
+func (h *harness) holdUpstream(t *testing.T) (started <-chan struct{}, release func()) {
+	t.Helper()
+	arrived, held := make(chan struct{}), make(chan struct{})
+	release = sync.OnceFunc(func() { close(held) })
+	t.Cleanup(release)
+	h.api.handle(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-held
+		io.WriteString(w, "finished")
+	})
+	return arrived, release
+}

@@ -74,7 +74,7 @@ type quicFront struct {
 
 type altSvcValue struct {
 	port  int
-	value string
+	value []string // shared by every response: net/http only reads it
 }
 
 // quicListener counts completed handshakes: a quic.Listener (not the early
@@ -228,10 +228,10 @@ func (s *Server) advertiseHTTP3(w http.ResponseWriter, r *http.Request) {
 	port := s.state.Load().opts.AuthorityPort
 	v := s.h3.altSvc.Load()
 	if v == nil || v.port != port {
-		v = &altSvcValue{port: port, value: `h3=":` + strconv.Itoa(port) + `"; ma=` + strconv.Itoa(altSvcMaxAge)}
+		v = &altSvcValue{port: port, value: []string{`h3=":` + strconv.Itoa(port) + `"; ma=` + strconv.Itoa(altSvcMaxAge)}}
 		s.h3.altSvc.Store(v)
 	}
-	w.Header()["Alt-Svc"] = []string{v.value}
+	w.Header()["Alt-Svc"] = v.value
 }
 
 // shutdownQUIC drains HTTP/3 as http.Server.Shutdown drains TCP: GOAWAY to

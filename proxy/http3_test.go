@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -393,14 +394,7 @@ func TestHTTP3WrongPinAndUnknownSNIFail(t *testing.T) {
 func TestHTTP3RotationAppliesToNewHandshakes(t *testing.T) {
 	h := newHarness(t)
 	h.serveHTTP3()
-	started, release := make(chan struct{}), make(chan struct{})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce)
-	h.api.handle(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-release
-		io.WriteString(w, "finished")
-	})
+	started, releaseOnce := h.holdUpstream(t)
 	oldPin := h.id.Pin
 	slow := h.h3Slow()
 	<-started
@@ -446,14 +440,7 @@ func TestHTTP3ShutdownDrainsInFlightRequests(t *testing.T) {
 	waitFor(t, "ServeQUIC to listen", func() bool { return h.srv.h3.serving.Load() > 0 })
 	h.udp = pc.LocalAddr().String()
 
-	started, release := make(chan struct{}), make(chan struct{})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce)
-	h.api.handle(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-release
-		io.WriteString(w, "finished")
-	})
+	started, releaseOnce := h.holdUpstream(t)
 	idle := h.h3Client() // a second client with an idle connection
 	req, _ := http.NewRequest("GET", h.url("/relay/health"), nil)
 	sendVia(t, idle, 3, req)
@@ -540,6 +527,13 @@ func TestAltSvcOnTCPOnlyWhileHTTP3Serves(t *testing.T) {
 	resp, _ = h.rawReq("GET", "/relay/health", "Host: 127.0.0.1:"+strconv.Itoa(h.port+1))
 	if got, want := resp.Header.Get("Alt-Svc"), `h3=":`+strconv.Itoa(h.port+1)+`"; ma=86400`; got != want {
 		t.Fatalf("Alt-Svc after an advertise_port change: %q, want %q", got, want)
+	}
+	// The header is built once per port, not per response.
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest("GET", "/relay/health", nil)
+	h.srv.advertiseHTTP3(w, r)
+	if n := testing.AllocsPerRun(100, func() { h.srv.advertiseHTTP3(w, r) }); n != 0 {
+		t.Fatalf("%.0f allocations to add Alt-Svc, want none", n)
 	}
 }
 

@@ -181,13 +181,7 @@ func TestNewRefusesIncompleteOptions(t *testing.T) {
 
 func TestShutdownLetsInFlightRequestsFinish(t *testing.T) {
 	h := newHarness(t)
-	release := make(chan struct{})
-	started := make(chan struct{})
-	h.api.handle(func(w http.ResponseWriter, r *http.Request) {
-		close(started)
-		<-release
-		io.WriteString(w, "finished")
-	})
+	started, release := h.holdUpstream(t)
 	type result struct {
 		code int
 		body string
@@ -220,7 +214,7 @@ func TestShutdownLetsInFlightRequestsFinish(t *testing.T) {
 		c.Close()
 		return false
 	})
-	close(release)
+	release()
 	if r := <-res; r.err != nil || r.code != 200 || r.body != "finished" {
 		t.Fatalf("in-flight request during Shutdown: %d %q %v", r.code, r.body, r.err)
 	}

@@ -516,7 +516,9 @@ func (l serverErrorLog) Write(p []byte) (int, error) {
 			l.metrics.HandshakeFailure(reason)
 		}
 	}
-	l.log.Debug().Str("event", l.event).Msg(logLine(p))
+	if e := l.log.Debug(); e.Enabled() { // logLine's copy only when it is kept
+		e.Str("event", l.event).Msg(logLine(p))
+	}
 	return len(p), nil
 }
 

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // poison is a complete response an upstream smuggles after its real one.
@@ -165,5 +167,19 @@ func TestStandardLogGoesThroughTheStructuredLogTruncated(t *testing.T) {
 		if len(line) > 400 || strings.Contains(line, "poisoned") || strings.Contains(line, "\x1b") || strings.Contains(line, `\u001b`) {
 			t.Errorf("the upstream's bytes reached the log (%d bytes): %s", len(line), line)
 		}
+	}
+}
+
+// Below debug level a standard-library line (a TLS handshake error per bad
+// client) costs no copy for a log line nobody keeps.
+func TestStandardLogLineBelowDebugCostsNothing(t *testing.T) {
+	var out bytes.Buffer
+	l := serverErrorLog{log: zerolog.New(&out).Level(zerolog.InfoLevel), event: "http_server"}
+	line := []byte("http: TLS handshake error from 192.0.2.1:4000: EOF\n")
+	if n := testing.AllocsPerRun(100, func() { l.Write(line) }); n != 0 {
+		t.Fatalf("%.0f allocations per line at info level, want none", n)
+	}
+	if out.Len() != 0 {
+		t.Fatalf("a debug line was written at info level: %q", out.String())
 	}
 }

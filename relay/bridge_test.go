@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
 
 	"github.com/hermes-securelink/securelink/internal/testfake"
 )
@@ -689,4 +691,33 @@ func FuzzOfferedSubprotocols(f *testing.F) {
 			t.Fatalf("re-offer %q gives %q", got, again)
 		}
 	})
+}
+
+// panickingHandoff panics with the messages it was given, as a careless
+// hook's error might.
+type panickingHandoff struct{}
+
+func (panickingHandoff) AuthOK(_ context.Context, clientAuth, authOK []byte) []byte {
+	panic(fmt.Sprintf("bad messages %s %s", clientAuth, authOK))
+}
+
+// A hook that panics forwards the Relay's auth.ok unchanged, and its panic
+// value (which may quote the client's credentials) stays out of the log.
+func TestBridgeHandoffPanicForwardsUnchangedAndLogsNoSecret(t *testing.T) {
+	var logs testfake.LogBuffer
+	relay := testfake.NewRelay(t, nil)
+	o := testOptions(t, relay)
+	o.Handoff = panickingHandoff{}
+	o.Log = zerolog.New(&logs).Level(zerolog.DebugLevel)
+	front := frontFor(t, newBridge(t, o), true)
+	c := mustDial(t, front, dialOpt{})
+	if got := testfake.Authenticate(t, c, testfake.GoodCode); got != testfake.AuthOKMsg {
+		t.Fatalf("got %s, want the Relay's auth.ok unchanged", got)
+	}
+	waitFor(t, "the panic to be logged", func() bool {
+		return strings.Contains(logs.String(), "handoff panicked")
+	})
+	if out := logs.String(); strings.Contains(out, testfake.GoodCode) {
+		t.Fatalf("the log quotes the pairing code:\n%s", out)
+	}
 }

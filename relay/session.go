@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -469,7 +470,9 @@ func (s *session) handoff(authOK []byte) []byte {
 		var out []byte
 		defer func() {
 			if p := recover(); p != nil {
-				s.logAt(zerolog.ErrorLevel).Interface("panic", p).Msg("relay: route credential handoff panicked")
+				// Only the panic value's type: the value may quote the
+				// messages the hook was given, the client's credentials.
+				s.logAt(zerolog.ErrorLevel).Str("panic_type", fmt.Sprintf("%T", p)).Msg("relay: route credential handoff panicked")
 				out = nil
 			}
 			res <- out

@@ -53,6 +53,21 @@ func decodeQR(t *testing.T, img image.Image) []byte {
 	return []byte(res.GetText())
 }
 
+// decodePNGFile reads the PNG at path and decodes the QR it shows.
+func decodePNGFile(t *testing.T, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decodeQR(t, img)
+}
+
 func TestWritePNGDecodesToPayload(t *testing.T) {
 	payload := realisticPayload(t)
 	path := filepath.Join(t.TempDir(), "qr.png")
@@ -73,16 +88,7 @@ func TestWritePNGDecodesToPayload(t *testing.T) {
 	if len(entries) != 1 {
 		t.Errorf("directory holds %d entries after the write, want only the PNG", len(entries))
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := decodeQR(t, img); !bytes.Equal(got, payload) {
+	if got := decodePNGFile(t, path); !bytes.Equal(got, payload) {
 		t.Fatalf("decoded QR differs from the payload:\n got %q\nwant %q", got, payload)
 	}
 }
@@ -108,16 +114,7 @@ func TestQRSizeLimit(t *testing.T) {
 	if err := WritePNG(path, max); err != nil {
 		t.Fatalf("a %d-byte payload must fit: %v", QRSizeLimit, err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := decodeQR(t, img); !bytes.Equal(got, max) {
+	if got := decodePNGFile(t, path); !bytes.Equal(got, max) {
 		t.Fatalf("the largest QR does not decode to its payload: got %d bytes %q", len(got), got[:200])
 	}
 
@@ -249,16 +246,7 @@ func TestFullPairingPayloadFitsQR(t *testing.T) {
 	if err := WritePNG(path, payload); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := decodeQR(t, img); !bytes.Equal(got, payload) {
+	if got := decodePNGFile(t, path); !bytes.Equal(got, payload) {
 		t.Fatal("the full pairing QR does not decode to its payload")
 	}
 }

@@ -394,16 +394,16 @@ func (s *session) deliver(st *stream, payload []byte) {
 	n := len(payload)
 	limit := s.c.cfg.StreamBufferBytes
 	var waitStart time.Time
-	if st.credit {
-		st.mu.Lock()
-		if !st.recv.Receive(n) {
-			st.recv.Overrun(n)
-			s.c.count("window_overrun")
-		}
-		st.mu.Unlock()
-	}
+	accounted := !st.credit // the credit is taken once, under the first lock
 	for {
 		st.mu.Lock()
+		if !accounted {
+			accounted = true
+			if !st.recv.Receive(n) {
+				st.recv.Overrun(n)
+				s.c.count("window_overrun") // countMu is a leaf lock
+			}
+		}
 		if st.closed || st.readErr != nil {
 			st.mu.Unlock()
 			return // closed or reset meanwhile: dropped like a late frame

@@ -190,31 +190,30 @@ func (s *session) readFailed(err error) {
 	s.mu.Lock()
 	last := s.lastErrCode
 	s.mu.Unlock()
-	code, detail := codeClosed, "the broker socket ended"
+	o := outcome{code: codeClosed, detail: "the broker socket ended"}
 	var ce *msgconn.CloseError
-	switch {
-	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonReplaced:
-		code, detail = codeReplaced, detailReplaced
-	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonRevoked:
-		code, detail = string(wire.CodeRevoked), detailAuthFailure
-	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway && advised(ce.Reason):
-		d, _ := wire.ParseShutdownReason(ce.Reason)
-		s.endWith(outcome{code: codeGoingAway, detail: "the broker is shutting down and advised when to reconnect",
-			advised: d, hasAdvice: true}, 0, "")
-		return
-	case last != "":
-		code, detail = string(last), last.Description()
-	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway:
-		code, detail = codeGoingAway, "the broker is going away"
-	case errors.As(err, &ce):
-		detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
+	closed := errors.As(err, &ce)
+	var advice time.Duration
+	hasAdvice := false
+	if closed && ce.Code == wire.CloseGoingAway {
+		advice, hasAdvice = wire.ParseShutdownReason(ce.Reason)
 	}
-	s.fail(code, detail, 0, "")
-}
-
-func advised(reason string) bool {
-	_, ok := wire.ParseShutdownReason(reason)
-	return ok
+	switch {
+	case closed && ce.Reason == wire.CloseReasonReplaced:
+		o.code, o.detail = codeReplaced, detailReplaced
+	case closed && ce.Reason == wire.CloseReasonRevoked:
+		o.code, o.detail = string(wire.CodeRevoked), detailAuthFailure
+	case hasAdvice:
+		o = outcome{code: codeGoingAway, detail: "the broker is shutting down and advised when to reconnect",
+			advised: advice, hasAdvice: true}
+	case last != "":
+		o.code, o.detail = string(last), last.Description()
+	case closed && ce.Code == wire.CloseGoingAway:
+		o.code, o.detail = codeGoingAway, "the broker is going away"
+	case closed:
+		o.detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
+	}
+	s.endWith(o, 0, "")
 }
 
 func (s *session) protocolError(detail string) bool {

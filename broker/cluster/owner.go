@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -266,7 +267,7 @@ func (o *Owners) ServePeer(ctx context.Context, b *server.Broker, ln net.Listene
 		Handler:           b.PeerHandler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          log.New(discard{}, "", 0),
+		ErrorLog:          log.New(io.Discard, "", 0),
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(ln, o.server)) }()
@@ -279,7 +280,3 @@ func (o *Owners) ServePeer(ctx context.Context, b *server.Broker, ln net.Listene
 		return nil
 	}
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }

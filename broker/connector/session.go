@@ -528,18 +528,27 @@ func (s *session) scheduleLocked(st *stream) {
 func (s *session) writeLoop() {
 	batch, _ := s.ws.(msgconn.Batcher)
 	held := false
+	// The deadline decides the outcome before it cuts the socket, so the
+	// reader, which sees the cut too, cannot report it as something else.
+	// (Not s.ctx: cancelling that would cut a graceful close in the
+	// middle.) One timer serves every write: armed before, stopped after.
+	dl := time.AfterFunc(time.Hour, func() {
+		s.c.count("write_timeout")
+		s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
+	})
+	dl.Stop()
 	for {
 		typ, data, ok := s.next()
 		if !ok {
 			if held {
-				s.sendHeld(batch)
+				s.sendHeld(dl, batch)
 			}
 			return
 		}
 		if data == nil {
 			if held {
 				held = false
-				if !s.sendHeld(batch) {
+				if !s.sendHeld(dl, batch) {
 					return
 				}
 				continue
@@ -554,33 +563,25 @@ func (s *session) writeLoop() {
 			batch.HoldWrites()
 			held = true
 		}
-		// The deadline decides the outcome before it cuts the socket, so
-		// the reader, which sees the cut too, cannot report it as
-		// something else. (Not s.ctx: cancelling that would cut a
-		// graceful close in the middle.)
-		deadline := time.AfterFunc(s.c.cfg.WriteTimeout, func() {
-			s.c.count("write_timeout")
-			s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
-		})
-		err := s.ws.Write(context.Background(), typ, data)
-		deadline.Stop()
-		if err != nil {
-			s.fail(codeWrite, "a write to the broker failed", 0, "")
+		dl.Reset(s.c.cfg.WriteTimeout)
+		if !s.wrote(dl, s.ws.Write(context.Background(), typ, data)) {
 			return
 		}
 	}
 }
 
-// sendHeld writes what the writer gathered, within WriteTimeout; false
-// ends the registration as a failed write would.
-func (s *session) sendHeld(batch msgconn.Batcher) bool {
-	// As for a message: the deadline decides the outcome, then cuts.
-	deadline := time.AfterFunc(s.c.cfg.WriteTimeout, func() {
-		s.c.count("write_timeout")
-		s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
-	})
-	err := batch.SendHeld(context.Background())
-	deadline.Stop()
+// sendHeld writes what the writer gathered, within WriteTimeout (dl, the
+// writer's deadline timer); false ends the registration as a failed write
+// would.
+func (s *session) sendHeld(dl *time.Timer, batch msgconn.Batcher) bool {
+	dl.Reset(s.c.cfg.WriteTimeout)
+	return s.wrote(dl, batch.SendHeld(context.Background()))
+}
+
+// wrote ends a write the deadline timer dl was armed for: it stops dl and,
+// when the write failed, ends the registration (false).
+func (s *session) wrote(dl *time.Timer, err error) bool {
+	dl.Stop()
 	if err != nil {
 		s.fail(codeWrite, "a write to the broker failed", 0, "")
 		return false

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hermes-securelink/securelink/broker/msgconn"
@@ -123,15 +123,11 @@ func ownerKey(host wire.ID) string { return "o." + host.String() }
 // (0: unconditionally, a new registration wins) with the lease TTL.
 func (o *Owners) write(ctx context.Context, host, conn wire.ID, expect uint64) (uint64, error) {
 	b, _ := json.Marshal(ownerRecord{By: o.s.opt.InstanceID, Addr: o.opt.Advertise, Conn: conn.String()})
-	opts := []jetstream.PublishOpt{jetstream.WithMsgTTL(o.opt.OwnerTTL)}
+	var opts []jetstream.PublishOpt
 	if expect != 0 {
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(expect))
 	}
-	ack, err := o.s.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + o.owner.Bucket() + "." + ownerKey(host), Data: b}, opts...)
-	if err != nil {
-		return 0, err
-	}
-	return ack.Sequence, nil
+	return o.s.publishTTL(ctx, o.owner, ownerKey(host), b, o.opt.OwnerTTL, opts...)
 }
 
 // Hold takes host's lease for registration conn: the newest registration
@@ -266,7 +262,7 @@ func (o *Owners) ServePeer(ctx context.Context, b *server.Broker, ln net.Listene
 		Handler:           b.PeerHandler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          log.New(discard{}, "", 0),
+		ErrorLog:          log.New(io.Discard, "", 0),
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(ln, o.server)) }()
@@ -279,7 +275,3 @@ func (o *Owners) ServePeer(ctx context.Context, b *server.Broker, ln net.Listene
 		return nil
 	}
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }

@@ -205,12 +205,23 @@ func (s *State) Write(ctx context.Context, ops []store.Op) error {
 	return nil
 }
 
-// put stores key in the state bucket with a per-key TTL (the KV API's Put
-// takes none; this is its message with the TTL header).
+// put stores key in the state bucket with a per-key TTL.
 func (s *State) put(ctx context.Context, key string, r record, ttl time.Duration) error {
 	b, _ := json.Marshal(r)
-	_, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + s.state.Bucket() + "." + key, Data: b}, jetstream.WithMsgTTL(ttl))
+	_, err := s.publishTTL(ctx, s.state, key, b, ttl)
 	return err
+}
+
+// publishTTL stores key in kv with a per-key TTL (the KV API's Put takes
+// none; this is its message with the TTL header), under the further
+// conditions opts add, and returns the entry's revision.
+func (s *State) publishTTL(ctx context.Context, kv jetstream.KeyValue, key string, data []byte, ttl time.Duration, opts ...jetstream.PublishOpt) (uint64, error) {
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Data: data},
+		append(opts, jetstream.WithMsgTTL(ttl))...)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
 }
 
 // create is the engine's compare-and-set: it stores key only if it is

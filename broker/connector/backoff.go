@@ -81,33 +81,33 @@ func (b *backoff) next(o outcome) time.Duration {
 		b.n = 0
 		b.fast = max(b.cfg.FastRetries, 0)
 	}
+	var d time.Duration
 	switch {
 	case permanent(o.code):
 		b.why, b.fast = retryPermanent, 0
-		b.n++
-		return b.cfg.AuthFailureBackoff
+		d = b.cfg.AuthFailureBackoff
 	case o.code == codeReplaced:
 		b.why, b.fast = retryReplaced, 0
-		b.n++
-		return b.cfg.ReplacedBackoff
+		d = b.cfg.ReplacedBackoff
 	case o.hasAdvice:
 		b.why = retryAdvised
-		b.n++
-		return o.advised + b.jitter(o.advised)
+		d = o.advised + b.jitter(o.advised)
 	case b.fast > 0:
 		b.why = retryFast
 		b.fast--
-		return 0
-	}
-	b.why = retryBackoff
-	defer func() { b.n++ }()
-	d := b.cfg.MaxBackoff
-	if b.n < 62 {
-		if e := b.cfg.BackoffBase << b.n; e > 0 && e < d && e>>b.n == b.cfg.BackoffBase {
-			d = e
+		return 0 // a fast retry does not count in n
+	default:
+		b.why = retryBackoff
+		d = b.cfg.MaxBackoff
+		if b.n < 62 {
+			if e := b.cfg.BackoffBase << b.n; e > 0 && e < d && e>>b.n == b.cfg.BackoffBase {
+				d = e
+			}
 		}
+		d += b.jitter(d)
 	}
-	return d + b.jitter(d)
+	b.n++
+	return d
 }
 
 // jitter is uniform(0, d/4).

@@ -190,31 +190,30 @@ func (s *session) readFailed(err error) {
 	s.mu.Lock()
 	last := s.lastErrCode
 	s.mu.Unlock()
-	code, detail := codeClosed, "the broker socket ended"
+	o := outcome{code: codeClosed, detail: "the broker socket ended"}
 	var ce *msgconn.CloseError
-	switch {
-	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonReplaced:
-		code, detail = codeReplaced, detailReplaced
-	case errors.As(err, &ce) && ce.Reason == wire.CloseReasonRevoked:
-		code, detail = string(wire.CodeRevoked), detailAuthFailure
-	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway && advised(ce.Reason):
-		d, _ := wire.ParseShutdownReason(ce.Reason)
-		s.endWith(outcome{code: codeGoingAway, detail: "the broker is shutting down and advised when to reconnect",
-			advised: d, hasAdvice: true}, 0, "")
-		return
-	case last != "":
-		code, detail = string(last), last.Description()
-	case errors.As(err, &ce) && ce.Code == wire.CloseGoingAway:
-		code, detail = codeGoingAway, "the broker is going away"
-	case errors.As(err, &ce):
-		detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
+	closed := errors.As(err, &ce)
+	var advice time.Duration
+	hasAdvice := false
+	if closed && ce.Code == wire.CloseGoingAway {
+		advice, hasAdvice = wire.ParseShutdownReason(ce.Reason)
 	}
-	s.fail(code, detail, 0, "")
-}
-
-func advised(reason string) bool {
-	_, ok := wire.ParseShutdownReason(reason)
-	return ok
+	switch {
+	case closed && ce.Reason == wire.CloseReasonReplaced:
+		o.code, o.detail = codeReplaced, detailReplaced
+	case closed && ce.Reason == wire.CloseReasonRevoked:
+		o.code, o.detail = string(wire.CodeRevoked), detailAuthFailure
+	case hasAdvice:
+		o = outcome{code: codeGoingAway, detail: "the broker is shutting down and advised when to reconnect",
+			advised: advice, hasAdvice: true}
+	case last != "":
+		o.code, o.detail = string(last), last.Description()
+	case closed && ce.Code == wire.CloseGoingAway:
+		o.code, o.detail = codeGoingAway, "the broker is going away"
+	case closed:
+		o.detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
+	}
+	s.endWith(o, 0, "")
 }
 
 func (s *session) protocolError(detail string) bool {
@@ -394,16 +393,16 @@ func (s *session) deliver(st *stream, payload []byte) {
 	n := len(payload)
 	limit := s.c.cfg.StreamBufferBytes
 	var waitStart time.Time
-	if st.credit {
-		st.mu.Lock()
-		if !st.recv.Receive(n) {
-			st.recv.Overrun(n)
-			s.c.count("window_overrun")
-		}
-		st.mu.Unlock()
-	}
+	accounted := !st.credit // the credit is taken once, under the first lock
 	for {
 		st.mu.Lock()
+		if !accounted {
+			accounted = true
+			if !st.recv.Receive(n) {
+				st.recv.Overrun(n)
+				s.c.count("window_overrun") // countMu is a leaf lock
+			}
+		}
 		if st.closed || st.readErr != nil {
 			st.mu.Unlock()
 			return // closed or reset meanwhile: dropped like a late frame
@@ -529,18 +528,27 @@ func (s *session) scheduleLocked(st *stream) {
 func (s *session) writeLoop() {
 	batch, _ := s.ws.(msgconn.Batcher)
 	held := false
+	// The deadline decides the outcome before it cuts the socket, so the
+	// reader, which sees the cut too, cannot report it as something else.
+	// (Not s.ctx: cancelling that would cut a graceful close in the
+	// middle.) One timer serves every write: armed before, stopped after.
+	dl := time.AfterFunc(time.Hour, func() {
+		s.c.count("write_timeout")
+		s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
+	})
+	dl.Stop()
 	for {
 		typ, data, ok := s.next()
 		if !ok {
 			if held {
-				s.sendHeld(batch)
+				s.sendHeld(dl, batch)
 			}
 			return
 		}
 		if data == nil {
 			if held {
 				held = false
-				if !s.sendHeld(batch) {
+				if !s.sendHeld(dl, batch) {
 					return
 				}
 				continue
@@ -555,33 +563,25 @@ func (s *session) writeLoop() {
 			batch.HoldWrites()
 			held = true
 		}
-		// The deadline decides the outcome before it cuts the socket, so
-		// the reader, which sees the cut too, cannot report it as
-		// something else. (Not s.ctx: cancelling that would cut a
-		// graceful close in the middle.)
-		deadline := time.AfterFunc(s.c.cfg.WriteTimeout, func() {
-			s.c.count("write_timeout")
-			s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
-		})
-		err := s.ws.Write(context.Background(), typ, data)
-		deadline.Stop()
-		if err != nil {
-			s.fail(codeWrite, "a write to the broker failed", 0, "")
+		dl.Reset(s.c.cfg.WriteTimeout)
+		if !s.wrote(dl, s.ws.Write(context.Background(), typ, data)) {
 			return
 		}
 	}
 }
 
-// sendHeld writes what the writer gathered, within WriteTimeout; false
-// ends the registration as a failed write would.
-func (s *session) sendHeld(batch msgconn.Batcher) bool {
-	// As for a message: the deadline decides the outcome, then cuts.
-	deadline := time.AfterFunc(s.c.cfg.WriteTimeout, func() {
-		s.c.count("write_timeout")
-		s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
-	})
-	err := batch.SendHeld(context.Background())
-	deadline.Stop()
+// sendHeld writes what the writer gathered, within WriteTimeout (dl, the
+// writer's deadline timer); false ends the registration as a failed write
+// would.
+func (s *session) sendHeld(dl *time.Timer, batch msgconn.Batcher) bool {
+	dl.Reset(s.c.cfg.WriteTimeout)
+	return s.wrote(dl, batch.SendHeld(context.Background()))
+}
+
+// wrote ends a write the deadline timer dl was armed for: it stops dl and,
+// when the write failed, ends the registration (false).
+func (s *session) wrote(dl *time.Timer, err error) bool {
+	dl.Stop()
 	if err != nil {
 		s.fail(codeWrite, "a write to the broker failed", 0, "")
 		return false

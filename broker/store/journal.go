@@ -272,9 +272,7 @@ func (j Journal) Apply(snap Snapshot) Snapshot {
 	tables := [2]map[wire.Digest]int64{{}, {}}
 	for i, in := range [2][]DigestExpiry{snap.Consumed, snap.Revoked} {
 		for _, e := range in {
-			if old, ok := tables[i][e.Digest]; !ok || e.ExpiresAt > old {
-				tables[i][e.Digest] = e.ExpiresAt
-			}
+			keepLater(tables[i], e.Digest, e.ExpiresAt)
 		}
 	}
 	seq := snap.Seq
@@ -293,10 +291,7 @@ func (j Journal) Apply(snap Snapshot) Snapshot {
 			if op.Kind == OpRevoked {
 				t = tables[1]
 			}
-			// Tables keep the later of two expiries (Table.Add).
-			if old, ok := t[op.Digest]; !ok || op.ExpiresAt > old {
-				t[op.Digest] = op.ExpiresAt
-			}
+			keepLater(t, op.Digest, op.ExpiresAt)
 		}
 	}
 	out := Snapshot{Seq: seq, Credentials: make([]Credential, 0, len(creds))}
@@ -316,6 +311,14 @@ func (j Journal) Apply(snap Snapshot) Snapshot {
 	}
 	out.Consumed, out.Revoked = conv(tables[0]), conv(tables[1])
 	return out
+}
+
+// keepLater records exp for d unless m holds a later expiry already: the
+// consumed and revoked tables keep the later of two (Table.Add).
+func keepLater(m map[wire.Digest]int64, d wire.Digest, exp int64) {
+	if old, ok := m[d]; !ok || exp > old {
+		m[d] = exp
+	}
 }
 
 // LoadInfo describes what LoadState found.

@@ -58,13 +58,19 @@ func (w *Window) Grant(inc uint32) error {
 		return violation("WINDOW increment outside 1..2^31-1")
 	}
 	n := int64(inc)
-	pay := min(n, w.debt)
-	if w.avail+n-pay > MaxWindow {
+	if w.avail+n-min(n, w.debt) > MaxWindow {
 		return violation("WINDOW takes the window above 2^31-1")
 	}
+	w.add(n)
+	return nil
+}
+
+// add credits n granted bytes: they pay the debt first, and the rest is
+// new credit. The caller keeps the window within MaxWindow.
+func (w *Window) add(n int64) {
+	pay := min(n, w.debt)
 	w.debt -= pay
 	w.avail += n - pay
-	return nil
 }
 
 // RecvWindow is a receiver's view of one stream and direction: the credit
@@ -114,9 +120,7 @@ func (r *RecvWindow) Due(limit int64) uint32 {
 		return 0
 	}
 	r.unGranted -= g
-	pay := min(g, r.win.debt)
-	r.win.debt -= pay
-	r.win.avail += g - pay
+	r.win.add(g)
 	return uint32(g)
 }
 
@@ -130,9 +134,7 @@ func (r *RecvWindow) Widen(n int64) uint32 {
 	if g <= 0 {
 		return 0
 	}
-	pay := min(g, r.win.debt)
-	r.win.debt -= pay
-	r.win.avail += g - pay
+	r.win.add(g)
 	return uint32(g)
 }
 

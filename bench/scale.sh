@@ -141,6 +141,8 @@ scale_flat() {
 scale_row() { # LABEL LOW HIGH TARGET
 	printf "%-$(reach_pad "$1")s %10s %10s   %s\n" "$1" "${2:--}" "${3:--}" "$4"
 }
+# scale_hs US: US divided by this run's calibration handshake (SCALE_HS).
+scale_hs() { awk -v v="$1" -v h="${SCALE_HS:-}" 'BEGIN{ if (v ~ /^[0-9.]+$/ && h ~ /^[0-9.]+$/ && h+0 > 0) printf "%.2f", v/h; else print "" }'; }
 scale_fmt() { awk -v v="$1" -v f="${2:-%.0f}" 'BEGIN{ if (v ~ /^-?[0-9.]+$/) printf f, v; else print "" }'; }
 
 scale_table() {
@@ -177,6 +179,11 @@ scale_table() {
 	scale_row "match (route credential): broker CPU µs each" "${S[us.match.lo]}" "${S[us.match.hi]}" "flat: $(scale_flat "${S[us.match.lo]}" "${S[us.match.hi]}")"
 	scale_row "matches/s per broker core (1e6/µs)" "${S[core.match.lo]}" "${S[core.match.hi]}" "≥ 2,000: $(reach_verdict "${S[core.match.hi]}" ">=" 2000)"
 	scale_row "matches/s measured (broker core busy)" "${S[rate.match.lo]}" "${S[rate.match.hi]}" "busy ${S[busy.match.lo]:--}% / ${S[busy.match.hi]:--}%"
+	# The issue's rates assume a ~145 µs handshake; this machine's differs,
+	# so the same targets are also given in handshakes: 1e6/3000 = 333 µs =
+	# 2.30 handshakes per registration, 1e6/2000 = 500 µs = 3.45 per match.
+	scale_row "registration: in TLS handshakes (µs / handshake µs)" "$(scale_hs "${S[us.register.lo]}")" "$(scale_hs "${S[us.register.hi]}")" "issue's target in these units ≤ 2.30: $(reach_verdict "$(scale_hs "${S[us.register.hi]}")" "<=" 2.30)"
+	scale_row "match: in TLS handshakes (µs / handshake µs)" "$(scale_hs "${S[us.match.lo]}")" "$(scale_hs "${S[us.match.hi]}")" "issue's target in these units ≤ 3.45: $(reach_verdict "$(scale_hs "${S[us.match.hi]}")" "<=" 3.45)"
 	scale_row "stream open, bootstrap publish + match: µs" "${S[us.fill.lo]}" "${S[us.fill.hi]}" "flat: $(scale_flat "${S[us.fill.lo]}" "${S[us.fill.hi]}") (while the table fills)"
 	local il ka
 	il=$(awk '$1 == "phase=idle"' <<<"$SCALE_OUT" | head -n1)

@@ -254,8 +254,8 @@ func (h *hostSession) agree(m wire.Extensions) bool {
 // broker over its credit streams, the bytes queued for their clients
 // (downHeld) plus the credit it still holds (creditOut): a grant never
 // takes that sum above the cap. The initial windows of new streams count
-// too but are the protocol's, not grants (config keeps 16 x 256 KiB below
-// the default cap). Streams whose grant is due wait in h.due in order; when
+// too but are the protocol's, not grants (Validate makes the cap hold
+// MaxStreamsPerHost of them). Streams whose grant is due wait in h.due in order; when
 // the room is short the first of them takes it before any later one, so a
 // stream without credit gets some as the others drain. The walk covers only
 // the streams in h.due, never all streams.

@@ -622,6 +622,11 @@ func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
 	if !e.flush {
 		s.dropDownLocked()
 	}
+	if s.credit {
+		// Its credit is void now: the room goes to the streams waiting.
+		h.creditOut -= s.downWin.Credit()
+		h.grantAllLocked(nil)
+	}
 	if e.cancel && s.writeCancel != nil {
 		s.writeCancel()
 	}

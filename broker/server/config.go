@@ -83,11 +83,15 @@ type Config struct {
 	// HostQueueBytes bounds all host-bound queues of one host together.
 	// Default 8 MiB.
 	HostQueueBytes int
-	// HostCreditBytes caps the client-bound bytes queued for the credit
-	// streams of one host: the broker withholds WINDOW grants to that host
-	// while its queued bytes would pass it (it never stops reading the host
-	// socket for it). 16 streams × the 256 KiB window stay below the
-	// default, 8 MiB.
+	// HostCreditBytes caps what one host has committed to the broker over
+	// its credit streams: the client-bound bytes queued for them plus the
+	// credit the host still holds. The broker never sends a WINDOW grant
+	// that would pass it (nor stops reading the host socket for it). The
+	// 256 KiB initial window of each new stream counts but is the
+	// protocol's: it may pass the cap only while ended streams still
+	// deliver their bytes, and grants wait until the sum is back under.
+	// It must hold MaxStreamsPerHost initial windows (a file config
+	// raises it to that); default 8 MiB (16 × 256 KiB = 4 MiB).
 	HostCreditBytes int
 	// DisableCredit makes registered offer no extension: every host runs
 	// plain v1 (tests and benchmarks compare the two). YAML `credit`
@@ -272,6 +276,12 @@ func (c *Config) Validate() error {
 			bad(f.key, "must be %d..%d, not %d", f.lo, f.h, f.v)
 		}
 	}
+	if !c.DisableCredit && c.HostCreditBytes/wire.InitialWindow < c.MaxStreamsPerHost {
+		// Else streams that hold their initial window unused could keep the
+		// cap full while another stream waits for a grant forever.
+		bad("host_credit_bytes", "must hold max_streams_per_host initial windows of 256 KiB (%d), not %d (or set credit: false)",
+			c.MaxStreamsPerHost*wire.InitialWindow, c.HostCreditBytes)
+	}
 	if c.ShutdownRetryAfter < 0 || c.ShutdownRetryAfter > wire.MaxAdvisedRetry {
 		bad("shutdown_retry_after", "must be 0..%v", wire.MaxAdvisedRetry)
 	}
@@ -444,6 +454,9 @@ func (fc *fileConfig) apply(c *Config) {
 	set(&c.StateFile, fc.StateFile)
 	setInt(&c.MaxHosts, fc.MaxHosts)
 	setInt(&c.MaxStreamsPerHost, fc.MaxStreamsPerHost)
+	// The per-host credit cap is not in the file: it grows with the
+	// streams a host may have (Validate).
+	c.HostCreditBytes = max(c.HostCreditBytes, c.MaxStreamsPerHost*wire.InitialWindow)
 	setInt(&c.MaxStreamsPerRoute, fc.MaxStreamsPerRt)
 	setInt(&c.AttemptsPerMinute, fc.AttemptsPerMinute)
 	if fc.MaxQueueBytes != nil {

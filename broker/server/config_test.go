@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
 func TestDefaultConfigNeedsOnlyFilesAndTLS(t *testing.T) {
@@ -48,6 +50,7 @@ func TestConfigValidate(t *testing.T) {
 		"acme":                       func(c *Config) { c.ACME.Email = "a@b" },
 		"metrics off loopback":       func(c *Config) { c.MetricsListen = "0.0.0.0:9464" },
 		"zero streams":               func(c *Config) { c.MaxStreamsPerHost = 0 },
+		"credit cap below windows":   func(c *Config) { c.MaxStreamsPerHost = 33 },
 		"negative ping":              func(c *Config) { c.PingInterval = -1 },
 		"pong before ping":           func(c *Config) { c.PongTimeout = c.PingInterval },
 		"tiny queue":                 func(c *Config) { c.MaxQueueBytes = 1024 },
@@ -110,6 +113,12 @@ log: {level: debug, format: json}
 	}
 	if !c.ACME.On() || c.ACME.Challenge != "dns-01" || c.ACME.DNSProvider != "rfc2136" || c.ACME.Email != "ops@example.net" || c.ACMEDir() != "/var/lib/b/acme" {
 		t.Fatalf("acme: %+v", c.ACME)
+	}
+	// More streams per host raise the per-host credit cap to their
+	// initial windows, so a file config stays valid.
+	c, err = LoadConfig(writeYAML(t, "hosts_file: h\nstate_file: s\ntls: {cert_file: c, key_file: k}\nmax_streams_per_host: 64\n"))
+	if err != nil || c.HostCreditBytes != 64*wire.InitialWindow {
+		t.Fatalf("max_streams_per_host 64: %v, credit cap %d", err, c.HostCreditBytes)
 	}
 	// Keys not written keep their defaults.
 	c, err = LoadConfig(writeYAML(t, "hosts_file: h\nstate_file: s\ntls: {cert_file: c, key_file: k}\n"))

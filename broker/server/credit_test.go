@@ -290,6 +290,16 @@ func TestStalledClientUnderCreditStallsNobody(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		sendBinary(t, host, dataFrame(sid, bytes.Repeat([]byte{9}, 64<<10)))
 	}
+	e.b.mu.Lock()
+	h := e.b.hosts[e.hosts[0].id]
+	e.b.mu.Unlock()
+	held := func() int {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.downHeld
+	}
+	// One message fills the stalled client's socket; the broker holds the rest.
+	waitFor(t, "bytes held for the stalled client", func() bool { return held() > 0 })
 	const total = 8 << 20
 	sent, got, credit := 0, 0, wire.InitialWindow
 	var peak int64
@@ -332,16 +342,21 @@ func TestStalledClientUnderCreditStallsNobody(t *testing.T) {
 	if bound := int64(2*wire.InitialWindow + 256<<10); peak > bound {
 		t.Fatalf("broker queued %d bytes, bound %d", peak, bound)
 	}
-	// The stalled client: closed after the idle timeout, memory released.
+	// The stalled client: closed after the idle timeout while it still
+	// reads nothing, and what the broker held for it is released then (the
+	// live stream has taken every byte, so all the broker holds is its).
+	waitFor(t, "the idle close", func() bool { return e.b.Stats().Counts["stream:idle"] == 1 })
+	waitFor(t, "the stalled stream's memory released", func() bool {
+		return e.b.Stats().QueuedBytes == 0 && held() == 0
+	})
 	for {
-		typ, _, err := read(t, stalled)
+		_, _, err := read(t, stalled)
 		if err != nil {
 			if code := msgconnCode(err); code != wire.CloseTryAgain {
 				t.Fatalf("stalled client closed with %d (%v)", code, err)
 			}
 			break
 		}
-		_ = typ
 	}
 	live.Close(1000, "")
 	waitFor(t, "queues released", func() bool { return e.b.Stats().QueuedBytes == 0 })

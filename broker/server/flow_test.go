@@ -280,30 +280,20 @@ func TestQueueCaps(t *testing.T) {
 				}()
 			}
 			var over atomic.Int64
-			stop := make(chan struct{})
-			sampled := make(chan struct{})
-			go func() {
-				defer close(sampled)
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(time.Millisecond):
-					}
-					if used := se.b.budget.inUse(); used > se.cfg.MaxQueueBytes {
-						over.Store(used)
-					}
-					se.b.mu.Lock()
-					for _, h := range se.b.hosts {
-						h.mu.Lock()
-						if h.upBytes > se.cfg.HostQueueBytes {
-							over.Store(int64(h.upBytes))
-						}
-						h.mu.Unlock()
-					}
-					se.b.mu.Unlock()
+			stopSampling := sample(time.Millisecond, func() {
+				if used := se.b.budget.inUse(); used > se.cfg.MaxQueueBytes {
+					over.Store(used)
 				}
-			}()
+				se.b.mu.Lock()
+				for _, h := range se.b.hosts {
+					h.mu.Lock()
+					if h.upBytes > se.cfg.HostQueueBytes {
+						over.Store(int64(h.upBytes))
+					}
+					h.mu.Unlock()
+				}
+				se.b.mu.Unlock()
+			})
 			waitFor(t, "clients to be paused", func() bool { return se.b.Stats().Counts["paused:client"] >= streams })
 			time.Sleep(200 * time.Millisecond)
 			got := map[wire.ID][]byte{}
@@ -316,8 +306,7 @@ func TestQueueCaps(t *testing.T) {
 				got[f.StreamID] = append(got[f.StreamID], f.Payload...)
 				total += len(f.Payload)
 			}
-			close(stop)
-			<-sampled
+			stopSampling()
 			for i := 0; i < streams; i++ {
 				if err := <-errs; err != nil {
 					t.Fatal(err)

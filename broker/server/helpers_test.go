@@ -389,3 +389,21 @@ func mustJSON(v any) string {
 }
 
 func nopLog() zerolog.Logger { return zerolog.Nop() }
+
+// sample runs f every interval until the returned stop is called; stop
+// returns once f no longer runs.
+func sample(every time.Duration, f func()) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(every):
+			}
+			f()
+		}
+	}()
+	return func() { close(quit); <-done }
+}

@@ -50,12 +50,16 @@ type hostSession struct {
 	// The credit extension. offered: registered offered it. credit: the
 	// host agreed, so every stream of this registration runs under it;
 	// grants are the streams with a WINDOW to send; downHeld is the
-	// client-bound bytes queued for credit streams (capped by
-	// HostCreditBytes through withheld grants).
-	offered  bool
-	credit   bool
-	grants   []*stream
-	downHeld int
+	// client-bound bytes queued for credit streams and creditOut the
+	// credit the host still holds on its live ones (together capped by
+	// HostCreditBytes through withheld grants, grantAllLocked); due are the
+	// streams with drained bytes not yet granted back, in order.
+	offered   bool
+	credit    bool
+	grants    []*stream
+	downHeld  int
+	creditOut int
+	due       []*stream
 	// flushing holds ended credit streams whose host-bound bytes still
 	// wait for credit, so the host's WINDOW still reaches them.
 	flushing map[wire.ID]*stream
@@ -244,24 +248,52 @@ func (h *hostSession) agree(m wire.Extensions) bool {
 	return true
 }
 
-// grantAllLocked (h.mu held) queues the WINDOW grants that are due: a
-// client drained bytes, or the host's queued bytes fell below its cap.
-func (h *hostSession) grantAllLocked() {
-	for _, s := range h.streams {
-		if !s.credit {
-			continue
-		}
-		g := s.downWin.Due(int64(h.b.cfg.HostCreditBytes - h.downHeld))
-		if g == 0 {
-			continue
-		}
-		s.grant += g // at most the window, below 2^31
-		if !s.grantQueued {
-			s.grantQueued = true
-			h.grants = append(h.grants, s)
-		}
-		h.wake.kick()
+// grantAllLocked (h.mu held) queues the WINDOW grants that are due once
+// stream s's client drained bytes (s nil: only room was freed, a stream
+// ended). HostCreditBytes bounds what the host has committed to the
+// broker over its credit streams, the bytes queued for their clients
+// (downHeld) plus the credit it still holds (creditOut): a grant never
+// takes that sum above the cap. The initial windows of new streams count
+// too but are the protocol's, not grants (Validate makes the cap hold
+// MaxStreamsPerHost of them). Streams whose grant is due wait in h.due in order; when
+// the room is short the first of them takes it before any later one, so a
+// stream without credit gets some as the others drain. The walk covers only
+// the streams in h.due, never all streams.
+func (h *hostSession) grantAllLocked(s *stream) {
+	if s != nil && s.credit && s.end == nil && !s.dueQueued && s.downWin.Pending() > 0 {
+		s.dueQueued = true
+		h.due = append(h.due, s)
 	}
+	room := int64(h.b.cfg.HostCreditBytes - h.downHeld - h.creditOut)
+	keep := h.due[:0]
+	for i, d := range h.due {
+		if d.end != nil {
+			d.dueQueued = false
+			continue
+		}
+		if g := d.downWin.Due(room); g > 0 {
+			room -= int64(g)
+			h.creditOut += int(g)
+			d.grant += g // at most the window, below 2^31
+			if !d.grantQueued {
+				d.grantQueued = true
+				h.grants = append(h.grants, d)
+			}
+			h.wake.kick()
+		}
+		if d.downWin.Pending() == 0 {
+			d.dueQueued = false
+			continue
+		}
+		keep = append(keep, d)
+		if d.downWin.Pending() > room {
+			// Short of room: the later streams wait behind this one.
+			keep = append(keep, h.due[i+1:]...)
+			break
+		}
+	}
+	clear(h.due[len(keep):])
+	h.due = keep
 }
 
 // publish stores a credential and answers only once it is on disk, so the
@@ -467,12 +499,21 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 	for {
 		h.mu.Lock()
 		if s.end != nil {
+			if s.credit {
+				h.creditOut -= n // see below
+				h.grantAllLocked(nil)
+			}
 			h.mu.Unlock()
 			return true // the stream ended meanwhile: drop, like a late frame
 		}
 		if s.credit {
 			ok, ch := b.budget.acquire(n)
 			if ok {
+				// The bytes move from the host's credit to the queue in
+				// one step (creditOut counts them until here, although
+				// downWin took them when they arrived), so no grant
+				// overtakes them.
+				h.creditOut -= n
 				if k := len(s.down); k >= b.cfg.StreamQueueFrames {
 					// Many small frames: the queue stays at 32 entries.
 					s.down[k-1] = append(s.down[k-1], payload...)

@@ -63,6 +63,7 @@ type stream struct {
 	downWin     wire.RecvWindow // what the host may still send, and what the client drained
 	grant       uint32          // WINDOW increment waiting in h.grants
 	grantQueued bool
+	dueQueued   bool // in h.due
 }
 
 // streamEnd says how a stream ends.
@@ -326,7 +327,7 @@ func (s *stream) writeLoop() (closed bool) {
 			if err == nil {
 				s.downWin.Consumed(len(p))
 			}
-			h.grantAllLocked()
+			h.grantAllLocked(s)
 		}
 		h.mu.Unlock()
 		cancel()
@@ -343,10 +344,14 @@ func (s *stream) writeLoop() (closed bool) {
 // be delivered.
 func (s *stream) dropDownLocked() {
 	s.b.budget.release(s.downBytes)
+	freed := s.credit && s.downBytes > 0
 	if s.credit {
 		s.h.downHeld -= s.downBytes
 	}
 	s.down, s.downBytes = nil, 0
+	if freed {
+		s.h.grantAllLocked(nil) // room for the streams waiting
+	}
 }
 
 // startCreditLocked (h.mu held) puts the stream under the credit
@@ -359,6 +364,9 @@ func (s *stream) startCreditLocked() {
 	s.credit = true
 	s.upWin = wire.NewWindowAfter(s.upSent)
 	s.downWin = wire.NewRecvWindow()
+	if s.end == nil { // an ended stream's credit is void (endStreamLocked)
+		s.h.creditOut += s.downWin.Credit()
+	}
 	s.h.downHeld += s.downBytes
 	signal(s.upCredit)
 }

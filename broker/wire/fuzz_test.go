@@ -24,6 +24,10 @@ func FuzzParseFrame(f *testing.F) {
 	f.Add(mustHex("0102000102030405060708090a0b0c0d0e0f6869"))
 	f.Add(mustHex("0104f0e0d0c0b0a090807060504030201000"))
 	f.Add(append(header(1, FlagWindow), 0, 0, 1, 0))
+	f.Add(append(header(1, FlagWindow), 0x7f, 0xff, 0xff, 0xff))
+	f.Add(append(header(1, FlagWindow), 0x80, 0, 0, 0))
+	f.Add(append(header(1, FlagWindow), 0, 0, 0, 0))
+	f.Add(append(header(1, FlagWindow), 0, 0, 1))
 	f.Add(header(1, FlagData))
 	f.Add(append(header(1, FlagClose), 1))
 	f.Add(append(header(2, FlagData), 1))
@@ -40,6 +44,11 @@ func FuzzParseFrame(f *testing.F) {
 			}
 			if fr.Flags == FlagWindow && !d.Credit {
 				t.Fatal("WINDOW accepted in plain v1")
+			}
+			if fr.Flags == FlagWindow {
+				if inc := fr.Increment(); len(fr.Payload) != 4 || inc == 0 || inc > MaxWindow {
+					t.Fatalf("WINDOW accepted with a %d-byte payload, increment %d", len(fr.Payload), inc)
+				}
 			}
 			enc, err := AppendFrame(nil, fr)
 			if len(b) > MaxHostFrameOut {

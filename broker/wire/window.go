@@ -141,6 +141,9 @@ func (r *RecvWindow) Widen(n int64) uint32 {
 // Credit is what the sender may still send, as the receiver sees it.
 func (r *RecvWindow) Credit() int { return r.win.Avail() }
 
+// Pending is the bytes drained and not yet granted back.
+func (r *RecvWindow) Pending() int64 { return r.unGranted }
+
 // AppendWindow appends a WINDOW frame granting inc bytes for stream id.
 func AppendWindow(dst []byte, id ID, inc uint32) ([]byte, error) {
 	var p [4]byte

@@ -119,6 +119,7 @@ func FuzzWindow(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5}, uint64(0))
 	f.Add([]byte{3, 3, 3, 3, 3, 3, 3}, uint64(InitialWindow+1))
 	f.Add([]byte{2, 2, 2, 2}, uint64(1<<40))
+	f.Add([]byte(".*"), uint64(262287)) // a raw grant to the brim, then a due one
 	f.Fuzz(func(t *testing.T, ops []byte, pre uint64) {
 		send := NewWindowAfter(int64(pre % (4 * InitialWindow)))
 		recv := NewRecvWindow()

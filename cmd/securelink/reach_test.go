@@ -40,6 +40,15 @@ func startReachStack(t *testing.T) *reachStack {
 // reachYAML (indented keys) to the front's reach block.
 func startReachStackWith(t *testing.T, brokerYAML, reachYAML string) *reachStack {
 	t.Helper()
+	rs := launchReachStack(t, brokerYAML, reachYAML, "")
+	rs.admin = waitReachConnected(t, rs.dir, rs.d)
+	return rs
+}
+
+// launchReachStack starts the broker and the daemon without waiting for the
+// registration; a non-empty token replaces the host token the front reads.
+func launchReachStack(t *testing.T, brokerYAML, reachYAML, token string) *reachStack {
+	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o700)
 	certFile, keyFile := brokerCert(t, dir)
@@ -52,15 +61,17 @@ func startReachStackWith(t *testing.T, brokerYAML, reachYAML string) *reachStack
 	startLineProc(t, "broker listening", "broker", "serve", "--config", bcfg)
 
 	tokenFile := filepath.Join(dir, "host.token")
-	os.WriteFile(tokenFile, []byte(hostToken+"\n"), 0o600)
+	if token == "" {
+		token = hostToken
+	}
+	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
 	cfgPath := writeConfig(t, dir, echoRelay(t))
 	appendConfig(t, cfgPath, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:%d/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n  ca_file: %q\n%smetrics:\n  listen: %q\n",
 		bport, hostID, tokenFile, certFile, reachYAML, fmetrics))
 	d := startDaemon(t, cfgPath)
-
-	cl := waitReachConnected(t, dir, d)
 	return &reachStack{dir: dir, cfgPath: cfgPath, certFile: certFile, hostToken: hostToken,
-		frontMetrics: fmetrics, brokerMetrics: bmetrics, d: d, admin: cl}
+		frontMetrics: fmetrics, brokerMetrics: bmetrics, d: d,
+		admin: admin.NewClient(filepath.Join(dir, "state", "admin.sock"))}
 }
 
 // reachStatus is the connector's status as the daemon's admin socket reports it.
@@ -139,12 +150,12 @@ func TestReachEndToEndFromTheCLI(t *testing.T) {
 	front := scrapeText(t, rs.frontMetrics)
 	broker := scrapeText(t, rs.brokerMetrics)
 	for _, want := range []string{"securelink_reach_connected 1", "securelink_reach_attempts_total 1", "securelink_reach_streams_completed_total", "securelink_reach_permanent_error 0", "securelink_reach_credit 1"} {
-		if !strings.Contains(front, want) {
+		if !hasSample(front, want) {
 			t.Errorf("front metrics lack %q", want)
 		}
 	}
 	for _, want := range []string{"securelink_broker_hosts_online 1", `securelink_broker_events_total{kind="stream",outcome="matched"} 1`} {
-		if !strings.Contains(broker, want) {
+		if !hasSample(broker, want) {
 			t.Errorf("broker metrics lack %q:\n%s", want, grepLines(broker, "securelink_broker"))
 		}
 	}
@@ -169,11 +180,23 @@ func TestReachCreditKeysTurnTheExtensionOff(t *testing.T) {
 			if err != nil || st.State != connector.StateConnected || st.Credit {
 				t.Fatalf("status: %v %+v", err, st)
 			}
-			if front := scrapeText(t, rs.frontMetrics); !strings.Contains(front, "securelink_reach_credit 0") {
+			if front := scrapeText(t, rs.frontMetrics); !hasSample(front, "securelink_reach_credit 0") {
 				t.Fatalf("front metrics: %s", grepLines(front, "securelink_reach"))
 			}
 		})
 	}
+}
+
+// hasSample reports whether a sample line of the scrape text starts with
+// want (name, labels and value); HELP text, which may read alike ("1
+// while ..."), does not count.
+func hasSample(text, want string) bool {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, want) {
+			return true
+		}
+	}
+	return false
 }
 
 func grepLines(text, prefix string) string {

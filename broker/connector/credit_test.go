@@ -5,11 +5,15 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
+	"net/http"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/testfake"
 )
@@ -180,5 +184,100 @@ func waitLastError(t *testing.T, c *Connector, code string) {
 			t.Fatalf("last error %q, want %q", c.Status().LastError, code)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// batchRecorder passes the connector's real socket through and records,
+// for every batch the writer held (msgconn.Batcher), the DATA payload
+// bytes gathered in it.
+type batchRecorder struct {
+	msgconn.Conn
+	batch msgconn.Batcher
+
+	mu      sync.Mutex
+	cur     int
+	batches []int
+}
+
+func (r *batchRecorder) Write(ctx context.Context, typ msgconn.MessageType, data []byte) error {
+	if f, err := (wire.Dialect{Credit: true}).ParseFrame(data); typ == msgconn.Binary && err == nil && f.Flags == wire.FlagData {
+		r.mu.Lock()
+		r.cur += len(f.Payload)
+		r.mu.Unlock()
+	}
+	return r.Conn.Write(ctx, typ, data)
+}
+
+func (r *batchRecorder) HoldWrites() { r.batch.HoldWrites() }
+
+func (r *batchRecorder) SendHeld(ctx context.Context) error {
+	r.mu.Lock()
+	r.batches = append(r.batches, r.cur)
+	r.cur = 0
+	r.mu.Unlock()
+	return r.batch.SendHeld(ctx)
+}
+
+// TestCreditDataLeavesBeforeTheWindowIsUsedUp: under credit the writer
+// sends its held batch once it carries GrantThreshold bytes of DATA, so the
+// broker can drain and grant the first part of a stream's window while the
+// rest is still being framed. Held until the window was used up, the whole
+// 256 KiB left in one write and every grant came a round trip after the
+// stream had stopped (stop-and-wait).
+func TestCreditDataLeavesBeforeTheWindowIsUsedUp(t *testing.T) {
+	offer, _ := wire.Marshal(wire.Registered{Extensions: []string{wire.ExtensionCredit}})
+	fb := testfake.NewBroker(t, func(b *testfake.Broker) { b.Answer = func() []byte { return offer } })
+	c := newConnector(t, fakeConfig(t, fb))
+	var rec *batchRecorder
+	dial := c.dial
+	c.dial = func(ctx context.Context) (msgconn.Conn, *http.Response, error) {
+		ws, resp, err := dial(ctx)
+		if err != nil {
+			return ws, resp, err
+		}
+		b, ok := ws.(msgconn.Batcher)
+		if !ok {
+			t.Error("the connector's transport gathers no batches")
+			return ws, resp, err
+		}
+		rec = &batchRecorder{Conn: ws, batch: b}
+		return rec, resp, nil
+	}
+	run(t, c)
+	h := fb.Host()
+	waitConnected(t, c)
+	if typ, data, err := rawRead(t, h, step); err != nil || typ != websocket.MessageText {
+		t.Fatalf("first message %v %q %v", typ, data, err)
+	}
+	id := wire.NewID()
+	h.Open(id)
+	st := accept(t, c)
+	if f := rawFrame(t, h); f.Flags != wire.FlagWindow {
+		t.Fatalf("at open: flags %d, want the WINDOW for the stream's buffer", f.Flags)
+	}
+	// The front writes more than the window: 256 KiB reach the stream's
+	// send buffer at once, and the writer frames them until the credit is
+	// gone.
+	go st.Write(make([]byte, 600<<10))
+	got := 0
+	for got < wire.InitialWindow {
+		f := rawFrame(t, h)
+		if f.Flags != wire.FlagData {
+			t.Fatalf("flags %d", f.Flags)
+		}
+		got += len(f.Payload)
+	}
+	rec.mu.Lock()
+	batches := slices.Clone(rec.batches)
+	rec.mu.Unlock()
+	sum := 0
+	for _, n := range batches {
+		sum += n
+		if n > wire.GrantThreshold {
+			t.Errorf("one write carried %d bytes of DATA (batches %v): more than %d, the broker could grant none of it before all of it arrived", n, batches, wire.GrantThreshold)
+		}
+	}
+	if sum != wire.InitialWindow {
+		t.Fatalf("batches %v carry %d bytes of DATA, want the window, %d", batches, sum, wire.InitialWindow)
 	}
 }

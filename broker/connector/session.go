@@ -53,6 +53,11 @@ type session struct {
 	rr          msgconn.RoundRobin[*stream]
 	lastErrCode wire.Code // an error message that answered no control frame
 	grants      []*stream // streams with a WINDOW to send
+	// heldCredit is the credit-stream DATA payload in the writer's held
+	// batch; sendNow says the batch leaves after the frame next returned.
+	// Both are the writer's, set by next.
+	heldCredit int
+	sendNow    bool
 
 	// credit: this registration agreed to the credit extension (set
 	// before the session starts, then read-only); dialect parses frames.
@@ -524,7 +529,14 @@ func (s *session) scheduleLocked(st *stream) {
 //
 // What is queued leaves in as few socket writes as the transport allows
 // (msgconn.Batcher): held from the first message, sent once the queue is
-// empty, before the writer waits.
+// empty, before the writer waits, and under credit as soon as the batch
+// carries GrantThreshold bytes of DATA (next sets sendNow). Held longer,
+// a stream's whole 256 KiB window left in one write once it was used up:
+// the broker got it at once, wrote it to the client as one message and
+// could grant only after that, so the stream waited out every grant round
+// trip with no credit (stop-and-wait; download under credit 0.87x of
+// plain v1). Sent per 64 KiB, the broker drains and grants the first part
+// while the rest is still being framed here.
 func (s *session) writeLoop() {
 	batch, _ := s.ws.(msgconn.Batcher)
 	held := false
@@ -567,6 +579,12 @@ func (s *session) writeLoop() {
 		if !s.wrote(dl, s.ws.Write(context.Background(), typ, data)) {
 			return
 		}
+		if held && s.sendNow {
+			held = false
+			if !s.sendHeld(dl, batch) {
+				return
+			}
+		}
 	}
 }
 
@@ -574,6 +592,7 @@ func (s *session) writeLoop() {
 // writer's deadline timer); false ends the registration as a failed write
 // would.
 func (s *session) sendHeld(dl *time.Timer, batch msgconn.Batcher) bool {
+	s.heldCredit = 0
 	dl.Reset(s.c.cfg.WriteTimeout)
 	return s.wrote(dl, batch.SendHeld(context.Background()))
 }
@@ -597,6 +616,7 @@ func (s *session) wrote(dl *time.Timer, err error) bool {
 func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.sendNow = false
 	if s.end != nil {
 		return 0, nil, false
 	}
@@ -636,6 +656,9 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 			if st.credit {
 				k = min(k, st.sendWin.Avail())
 				st.sendWin.Take(k)
+				if s.heldCredit += k; s.heldCredit >= wire.GrantThreshold {
+					s.sendNow, s.heldCredit = true, 0
+				}
 			}
 			frame := make([]byte, 0, wire.HeaderLen+k)
 			frame, _ = wire.AppendFrame(frame, wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: st.out.Next(k)})

@@ -210,7 +210,7 @@ func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Reque
 	pc.bw.Flush() // into pc.head: cannot fail
 	// The deadline is set before the head goes out: send waits for the
 	// answer under it.
-	if err := pc.setReadDeadline(readDeadline(f.limits.UpstreamIdleRead, total)); err != nil {
+	if err := pc.armRead(f.limits.UpstreamIdleRead, total); err != nil {
 		return nil, err
 	}
 	if _, err := pc.send(); err != nil {
@@ -254,16 +254,6 @@ func copyInto(dst, src http.Header) {
 			dst.Add(k, v)
 		}
 	}
-}
-
-// readDeadline is the deadline of one wait for the upstream: the idle read,
-// but never past the total (zero: no total).
-func readDeadline(idle time.Duration, total time.Time) time.Time {
-	d := time.Now().Add(idle)
-	if !total.IsZero() && total.Before(d) {
-		return total
-	}
-	return d
 }
 
 // retryable mirrors http.Transport: a request that failed on a reused
@@ -388,7 +378,7 @@ func (b *directBody) Read(p []byte) (int, error) {
 	if b.pc.br.Buffered() == 0 {
 		// The read may wait on the upstream: time it. Time spent
 		// writing to a slow client is not upstream idleness.
-		if err := b.pc.setReadDeadline(readDeadline(b.f.limits.UpstreamIdleRead, b.total)); err != nil {
+		if err := b.pc.armRead(b.f.limits.UpstreamIdleRead, b.total); err != nil {
 			b.finish(false)
 			return 0, b.endedOr(err)
 		}

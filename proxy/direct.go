@@ -71,8 +71,17 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 			}
 		}
 	}
-	// One allocation for the exchange's parts.
-	ex := &directExchange{target: f.target(rawTail, rawQuery)}
+	// The exchange's parts come from a pool and go back when the handler
+	// returns, except an event stream's (see below).
+	ex := exchangePool.Get().(*directExchange)
+	pooled := true
+	defer func() {
+		if pooled {
+			*ex = directExchange{}
+			exchangePool.Put(ex)
+		}
+	}()
+	ex.target = f.target(rawTail, rawQuery)
 	out := &ex.out
 	*out = http.Request{
 		Method:     r.Method,
@@ -136,6 +145,10 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		// Shutdown ends the stream (see directBody.end); its connection
 		// is never pooled, so ending it can only touch this exchange.
 		b.keep = false
+		// Shutdown may call b.end after the handler returned (it ends
+		// the streams it listed outside its lock): the parts are not
+		// reused, so that call cannot reach another exchange.
+		pooled = false
 		defer f.s.trackStream(b.end)()
 	}
 	dst := w.Header()
@@ -195,6 +208,10 @@ type directExchange struct {
 	out    http.Request
 	body   directBody
 }
+
+// exchangePool keeps directExchanges (about 560 bytes) between requests:
+// nothing holds one once its handler has returned.
+var exchangePool = sync.Pool{New: func() any { return new(directExchange) }}
 
 // roundTrip writes out on pc (one write, see upConn.send) and reads the
 // response head, relaying 1xx answers. The read deadline bounds the wait by

@@ -71,8 +71,17 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 			}
 		}
 	}
-	// One allocation for the exchange's parts.
-	ex := &directExchange{target: f.target(rawTail, rawQuery)}
+	// The exchange's parts come from a pool and go back when the handler
+	// returns, except an event stream's (see below).
+	ex := exchangePool.Get().(*directExchange)
+	pooled := true
+	defer func() {
+		if pooled {
+			*ex = directExchange{}
+			exchangePool.Put(ex)
+		}
+	}()
+	ex.target = f.target(rawTail, rawQuery)
 	out := &ex.out
 	*out = http.Request{
 		Method:     r.Method,
@@ -136,6 +145,10 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		// Shutdown ends the stream (see directBody.end); its connection
 		// is never pooled, so ending it can only touch this exchange.
 		b.keep = false
+		// Shutdown may call b.end after the handler returned (it ends
+		// the streams it listed outside its lock): the parts are not
+		// reused, so that call cannot reach another exchange.
+		pooled = false
 		defer f.s.trackStream(b.end)()
 	}
 	dst := w.Header()
@@ -196,6 +209,10 @@ type directExchange struct {
 	body   directBody
 }
 
+// exchangePool keeps directExchanges (about 560 bytes) between requests:
+// nothing holds one once its handler has returned.
+var exchangePool = sync.Pool{New: func() any { return new(directExchange) }}
+
 // roundTrip writes out on pc (one write, see upConn.send) and reads the
 // response head, relaying 1xx answers. The read deadline bounds the wait by
 // the idle read and the total.
@@ -210,7 +227,7 @@ func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Reque
 	pc.bw.Flush() // into pc.head: cannot fail
 	// The deadline is set before the head goes out: send waits for the
 	// answer under it.
-	if err := pc.setReadDeadline(readDeadline(f.limits.UpstreamIdleRead, total)); err != nil {
+	if err := pc.armRead(f.limits.UpstreamIdleRead, total); err != nil {
 		return nil, err
 	}
 	if _, err := pc.send(); err != nil {
@@ -254,16 +271,6 @@ func copyInto(dst, src http.Header) {
 			dst.Add(k, v)
 		}
 	}
-}
-
-// readDeadline is the deadline of one wait for the upstream: the idle read,
-// but never past the total (zero: no total).
-func readDeadline(idle time.Duration, total time.Time) time.Time {
-	d := time.Now().Add(idle)
-	if !total.IsZero() && total.Before(d) {
-		return total
-	}
-	return d
 }
 
 // retryable mirrors http.Transport: a request that failed on a reused
@@ -388,7 +395,7 @@ func (b *directBody) Read(p []byte) (int, error) {
 	if b.pc.br.Buffered() == 0 {
 		// The read may wait on the upstream: time it. Time spent
 		// writing to a slow client is not upstream idleness.
-		if err := b.pc.setReadDeadline(readDeadline(b.f.limits.UpstreamIdleRead, b.total)); err != nil {
+		if err := b.pc.armRead(b.f.limits.UpstreamIdleRead, b.total); err != nil {
 			b.finish(false)
 			return 0, b.endedOr(err)
 		}

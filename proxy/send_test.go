@@ -5,11 +5,14 @@ package proxy
 // buffers small enough that a large head cannot go out in one write.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"syscall"
 	"testing"
 	"time"
@@ -69,7 +72,7 @@ func TestSendDeliversAHeadLargerThanTheSocketBuffers(t *testing.T) {
 		got <- b
 		up.Write([]byte("answer"))
 	}()
-	pc.setReadDeadline(time.Now().Add(testTimeout))
+	pc.armRead(testTimeout, time.Time{})
 	n, err := pc.send()
 	if err != nil || n != len(head) {
 		t.Fatalf("send: %d of %d bytes, %v", n, len(head), err)
@@ -102,7 +105,7 @@ func TestSendReturnsWithTheAnswerReadable(t *testing.T) {
 			up.Write([]byte("HTTP/1.1 204 No Content\r\n\r\n"))
 		}
 	}()
-	pc.setReadDeadline(time.Now().Add(testTimeout))
+	pc.armRead(testTimeout, time.Time{})
 	if _, err := pc.send(); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +120,7 @@ func TestSendReturnsWithTheAnswerReadable(t *testing.T) {
 func TestSendWaitEndsAtTheReadDeadline(t *testing.T) {
 	pc, up := sendPair(t)
 	pc.head.WriteString("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-	pc.setReadDeadline(time.Now().Add(50 * time.Millisecond))
+	pc.armRead(50*time.Millisecond, time.Time{})
 	done := make(chan error, 1)
 	go func() {
 		_, err := pc.send()
@@ -143,7 +146,7 @@ func TestSendWaitEndsAtTheReadDeadline(t *testing.T) {
 	// A deadline already past does not keep the head from going out (the
 	// answer's read times out, not the write: nothing is retried).
 	pc.head.WriteString("GET / HTTP/1.1\r\nHost: y\r\n\r\n")
-	pc.setReadDeadline(time.Now().Add(-time.Second))
+	pc.armRead(testTimeout, time.Now().Add(-time.Second)) // a total already past
 	if _, err := pc.send(); err != nil {
 		t.Fatalf("send after the deadline: %v", err)
 	}
@@ -157,7 +160,7 @@ func TestSendWaitEndsAtTheReadDeadline(t *testing.T) {
 func TestSendIsCanceled(t *testing.T) {
 	pc, up := sendPair(t)
 	pc.head.WriteString("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-	pc.setReadDeadline(time.Now().Add(testTimeout))
+	pc.armRead(testTimeout, time.Time{})
 	done := make(chan error, 1)
 	go func() {
 		_, err := pc.send()
@@ -186,5 +189,48 @@ func TestSendIsCanceled(t *testing.T) {
 	pc2.conn.Close()
 	if n, _ := io.Copy(io.Discard, up2); n != 0 {
 		t.Fatalf("the upstream got %d bytes from a canceled exchange", n)
+	}
+}
+
+// deadlineCount counts the read deadlines set on a connection.
+type deadlineCount struct {
+	net.Conn
+	n int
+}
+
+func (c *deadlineCount) SetReadDeadline(t time.Time) error {
+	c.n++
+	return c.Conn.SetReadDeadline(t)
+}
+
+// Back-to-back exchanges on one pooled connection keep the read deadline
+// the first one armed (it still grants each wait the whole idle read), so
+// the runtime timer is not re-armed per request.
+func TestExchangesKeepTheReadDeadline(t *testing.T) {
+	pc, up := sendPair(t)
+	cc := &deadlineCount{Conn: pc.conn}
+	pc.conn = cc
+	const n = 3
+	go func() {
+		br := bufio.NewReader(up)
+		for range n {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			req.Body.Close()
+			up.Write([]byte("HTTP/1.1 204 No Content\r\n\r\n"))
+		}
+	}()
+	f := &forwarder{limits: DefaultLimits()}
+	for i := range n {
+		out := &http.Request{Method: http.MethodGet, URL: &url.URL{Path: "/"}, Host: "up", Header: http.Header{}}
+		resp, err := f.roundTrip(nil, pc, out, time.Now().Add(f.limits.UpstreamTotal))
+		if err != nil || resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("exchange %d: %v, %v", i, resp, err)
+		}
+	}
+	if cc.n != 1 {
+		t.Fatalf("%d exchanges set the read deadline %d times, want once", n, cc.n)
 	}
 }

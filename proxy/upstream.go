@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/hermes-securelink/securelink/internal/deadline"
 )
 
 // upstreamPool keeps the keep-alive connections of the direct path (see
@@ -168,6 +170,7 @@ type upConn struct {
 	nRead  int64 // bytes read in this exchange
 	sawEOF bool  // the upstream closed its side
 
+	rdl      deadline.Lazy // the read deadline armRead set
 	canceled atomic.Bool
 }
 
@@ -265,11 +268,16 @@ func (pc *upConn) cancel() {
 
 var aLongTimeAgo = time.Unix(1, 0)
 
-// setReadDeadline times the next wait for the upstream without undoing a
-// cancel: cancel marks before it sets its deadline, so either its deadline
-// lands after this one or the mark is seen here.
-func (pc *upConn) setReadDeadline(t time.Time) error {
-	pc.conn.SetReadDeadline(t)
+// armRead times the next wait for the upstream: at least idle from now,
+// never past total (zero: none). The deadline already on the connection is
+// kept when it allows both (internal/deadline), so a busy keep-alive
+// connection re-arms its read timer about once a second, not per request.
+// It never undoes a cancel: cancel marks before it sets its deadline, so
+// either its deadline lands after this one or the mark is seen here.
+func (pc *upConn) armRead(idle time.Duration, total time.Time) error {
+	if t, ok := pc.rdl.Next(idle, total); ok {
+		pc.conn.SetReadDeadline(t)
+	}
 	if pc.canceled.Load() {
 		return context.Canceled
 	}

@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/internal/deadline"
 )
 
 // The bridge frames both legs itself (RFC 6455), after handshakes it also
@@ -78,7 +80,7 @@ type leg struct {
 	wt         time.Duration // bound of each write (Options.WriteTimeout)
 
 	wmu       sync.Mutex
-	wdl       time.Duration // under wmu: the write deadline set on conn for wt, since monoBase; 0: none
+	wdl       deadline.Lazy // under wmu: the write deadline set on conn for wt
 	closeSent bool          // under wmu
 	broken    bool          // under wmu: a write failed, nothing more may be written
 
@@ -252,19 +254,16 @@ func (l *leg) lockWrite() error {
 
 // writeLocked writes p under the held write lock within timeout; a failure
 // marks the leg broken and closes its connection, so its own reader
-// notices. For the leg's own bound (wt) the deadline is moved only when
-// less than wt is left on it, to wt plus deadlineSlack from now: each write
-// still has at least wt and at most wt plus the slack, and a busy leg
-// re-arms its deadline timer about once per slack instead of per frame.
+// notices. For the leg's own bound (wt) the deadline is kept lazily
+// (internal/deadline): each write still has at least wt and at most wt
+// plus the slack, and a busy leg re-arms its deadline timer about once per
+// slack instead of per frame.
 func (l *leg) writeLocked(p []byte, timeout time.Duration) error {
-	now := time.Since(monoBase)
-	switch {
-	case timeout != l.wt:
-		l.wdl = 0
-		_ = l.conn.SetWriteDeadline(monoBase.Add(now + timeout))
-	case l.wdl-now < timeout:
-		l.wdl = now + timeout + deadlineSlack(timeout)
-		_ = l.conn.SetWriteDeadline(monoBase.Add(l.wdl))
+	if timeout != l.wt {
+		l.wdl.Forget()
+		_ = l.conn.SetWriteDeadline(time.Now().Add(timeout))
+	} else if t, ok := l.wdl.Next(timeout, time.Time{}); ok {
+		_ = l.conn.SetWriteDeadline(t)
 	}
 	if _, err := l.conn.Write(p); err != nil {
 		l.broken = true
@@ -272,16 +271,6 @@ func (l *leg) writeLocked(p []byte, timeout time.Duration) error {
 		return err
 	}
 	return nil
-}
-
-// monoBase anchors the legs' write deadlines: time.Since(monoBase) reads the
-// monotonic clock only, where time.Now also reads the wall clock.
-var monoBase = time.Now()
-
-// deadlineSlack is how far past its bound a write's deadline may lie: an
-// eighth of the bound, at most a second.
-func deadlineSlack(bound time.Duration) time.Duration {
-	return min(bound/8, time.Second)
 }
 
 // writeFrame writes one unfragmented frame the bridge composed (a message

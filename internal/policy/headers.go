@@ -87,28 +87,37 @@ func getAll(h http.Header, name string) []string {
 // either direction. It is done here and not left to ReverseProxy so the
 // policy holds wherever the header map came from; the proxy's direct path
 // applies it to upstream responses too.
-func StripHopByHop(h http.Header) {
+func StripHopByHop(h http.Header) { stripWhere(h, nil) }
+
+// stripWhere removes the hop-by-hop headers, the headers Connection names
+// and every header whose canonical name satisfies drop (nil: none): one
+// pass over h, and a second only when a Connection header names something.
+func stripWhere(h http.Header, drop func(canon string) bool) {
 	var named map[string]struct{} // only allocated when Connection names something
 	for k, vs := range h {
-		if textproto.CanonicalMIMEHeaderKey(k) != "Connection" {
-			continue
-		}
-		for _, v := range vs {
-			for tok := range strings.SplitSeq(v, ",") {
-				if tok = textproto.TrimString(tok); tok != "" {
-					if named == nil {
-						named = map[string]struct{}{}
+		c := textproto.CanonicalMIMEHeaderKey(k)
+		if c == "Connection" {
+			for _, v := range vs {
+				for tok := range strings.SplitSeq(v, ",") {
+					if tok = textproto.TrimString(tok); tok != "" {
+						if named == nil {
+							named = map[string]struct{}{}
+						}
+						named[textproto.CanonicalMIMEHeaderKey(tok)] = struct{}{}
 					}
-					named[textproto.CanonicalMIMEHeaderKey(tok)] = struct{}{}
 				}
 			}
 		}
+		if _, hop := hopByHop[c]; hop || (drop != nil && drop(c)) {
+			delete(h, k)
+		}
 	}
-	deleteWhere(h, func(c string) bool {
-		_, hop := hopByHop[c]
-		_, conn := named[c]
-		return hop || conn
-	})
+	if named != nil {
+		deleteWhere(h, func(c string) bool {
+			_, conn := named[c]
+			return conn
+		})
+	}
 }
 
 // IsWebSocketUpgrade reports whether a client request asks for a WebSocket
@@ -147,19 +156,11 @@ func IsWebSocketUpgrade(h http.Header) bool {
 // ReverseProxy compares the outgoing Upgrade with the upstream's 101
 // response, so they must be present when Rewrite returns.
 func RequestHeaders(ns Namespace, h http.Header, authority string, clientIP string, upgrade bool) {
-	StripHopByHop(h)
-	deleteWhere(h, func(c string) bool {
-		_, internal := internalSet[c]
-		// An underscore name is dropped whatever it says, as nginx does by
-		// default: WSGI-style upstreams (CGI variables) cannot tell
-		// X_Forwarded_For from X-Forwarded-For and merge the two.
-		return internal || isSpoofable(c) || strings.Contains(c, "_")
-	})
 	switch ns {
 	case NSAPI:
-		deleteWhere(h, func(c string) bool { return c == "Cookie" })
+		stripWhere(h, dropForAPI)
 	case NSDashboard:
-		deleteWhere(h, func(c string) bool { return c == "Authorization" })
+		stripWhere(h, dropForDashboard)
 		h.Set("X-Forwarded-Prefix", "/dashboard")
 		h.Set("X-Forwarded-Proto", "https")
 		if authority != "" {
@@ -169,10 +170,7 @@ func RequestHeaders(ns Namespace, h http.Header, authority string, clientIP stri
 			h.Set("X-Forwarded-For", ip.String())
 		}
 	case NSRelay:
-		deleteWhere(h, func(c string) bool {
-			_, ok := relayAllowed[c]
-			return !ok
-		})
+		stripWhere(h, dropForRelay)
 		return
 	default:
 		clear(h)
@@ -182,6 +180,28 @@ func RequestHeaders(ns Namespace, h http.Header, authority string, clientIP stri
 		h.Set("Connection", "Upgrade")
 		h.Set("Upgrade", "websocket")
 	}
+}
+
+// dropEverywhere is the request headers removed in every namespace besides
+// the hop-by-hop ones: the internal headers, the spoofable ones and every
+// name holding an underscore, which is dropped whatever it says, as nginx
+// does by default: WSGI-style upstreams (CGI variables) cannot tell
+// X_Forwarded_For from X-Forwarded-For and merge the two.
+func dropEverywhere(c string) bool {
+	_, internal := internalSet[c]
+	return internal || isSpoofable(c) || strings.Contains(c, "_")
+}
+
+// The API's credential is its bearer token: dashboard cookies must not
+// reach it.
+func dropForAPI(c string) bool { return c == "Cookie" || dropEverywhere(c) }
+
+// An API key never reaches the Dashboard.
+func dropForDashboard(c string) bool { return c == "Authorization" || dropEverywhere(c) }
+
+func dropForRelay(c string) bool {
+	_, ok := relayAllowed[c]
+	return !ok || dropEverywhere(c)
 }
 
 // ClientAddr parses a client address as net/http reports it in
@@ -216,13 +236,10 @@ func ClientAddr(s string) (netip.Addr, bool) {
 // Hop-by-hop response headers are left to ReverseProxy on purpose: for a 101
 // it needs the upstream's Upgrade header after ModifyResponse has run.
 func ResponseHeaders(ns Namespace, h http.Header, upstream *url.URL) {
-	up := infoOf(upstream)
-	deleteWhere(h, func(c string) bool {
-		_, internal := internalSet[c]
-		return internal || c == "Alt-Svc" || c == "Set-Cookie2"
-	})
 	for k, vs := range h {
-		switch textproto.CanonicalMIMEHeaderKey(k) {
+		switch c := textproto.CanonicalMIMEHeaderKey(k); c {
+		case "Alt-Svc", "Set-Cookie2":
+			delete(h, k)
 		case "Set-Cookie":
 			if ns != NSDashboard {
 				delete(h, k)
@@ -236,13 +253,19 @@ func ResponseHeaders(ns Namespace, h http.Header, upstream *url.URL) {
 				return RewriteLocation(ns, v, upstream)
 			}))
 		case "Refresh":
+			up := infoOf(upstream)
 			setOrDelete(h, k, filterValues(vs, func(v string) (string, bool) {
 				return v, len(v) <= maxRefLen && !leaksLoopback(v, up)
 			}))
 		case "Link":
+			up := infoOf(upstream)
 			setOrDelete(h, k, filterValues(vs, func(v string) (string, bool) {
 				return filterLink(v, up)
 			}))
+		default:
+			if _, internal := internalSet[c]; internal {
+				delete(h, k)
+			}
 		}
 	}
 }

@@ -473,3 +473,33 @@ func TestDropsUnderscoreNamesEverywhere(t *testing.T) {
 		}
 	}
 }
+
+// The headers a Connection header names go after the namespace's own rules
+// ran and before the front sets its forwarding headers: a client naming
+// X-Forwarded-For removes its own copy, never the front's; keys of a map
+// built by hand count whatever their case.
+func TestConnectionNamedHeadersAndTheFrontsOwn(t *testing.T) {
+	h := http.Header{
+		"connection":      {"x-forwarded-for, x-secret"},
+		"x-secret":        {"s"},
+		"X-Forwarded-For": {"6.6.6.6"},
+		"Accept":          {"*/*"},
+	}
+	RequestHeaders(NSDashboard, h, "example.com:9443", "203.0.113.7:5000", false)
+	if got := h.Values("X-Forwarded-For"); len(got) != 1 || got[0] != "203.0.113.7" {
+		t.Errorf("X-Forwarded-For = %q, want only the front's", got)
+	}
+	for k := range h {
+		if k == "connection" || k == "x-secret" {
+			t.Errorf("%s survived", k)
+		}
+	}
+	if h.Get("Accept") != "*/*" {
+		t.Error("an unnamed header was removed")
+	}
+	h = http.Header{"Connection": {"origin"}, "Origin": {"https://x"}, "User-Agent": {"ua"}}
+	RequestHeaders(NSRelay, h, "", "", false)
+	if len(h) != 1 || h.Get("User-Agent") != "ua" {
+		t.Errorf("relay headers %v, want only User-Agent", h)
+	}
+}

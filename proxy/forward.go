@@ -156,6 +156,18 @@ func (f *forwarder) reverseProxy(w http.ResponseWriter, r *http.Request, target 
 		}
 	}()
 	f.rp.ServeHTTP(w, r.WithContext(ctx))
+	if ex.body != nil {
+		// Finish the body here, not after the handler: an answer can be
+		// whole before the client sent all of its body (a 401 to an
+		// upload), and in full duplex net/http would otherwise take the
+		// body's end after the handler returned, restart its background
+		// read there and panic at the next request on the connection
+		// (golang/go#68560). Close waits for a Read the Transport still
+		// has in progress and is bounded by the body's read deadline; the
+		// answer is flushed first, so the client has it meanwhile.
+		_ = ex.body.ctl.Flush()
+		ex.body.Close()
+	}
 }
 
 func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {

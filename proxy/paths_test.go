@@ -575,3 +575,52 @@ func TestBothPathsApplyTheResponseHeaderPolicyToTrailers(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that answers before the request body has all arrived (a 401
+// to an upload with a bad token) must not cost the client its connection.
+// net/http's HTTP/1 server, in full duplex, finishes such a body only
+// after the handler returned, and restarting its background read there
+// panicked the connection's goroutine at the next request
+// (golang/go#68560): the client's keep-alive connection was reset.
+func TestEarlyAnswerToAPartBodyKeepsTheConnection(t *testing.T) {
+	h := newHarness(t)
+	h.api.handle(func(w http.ResponseWriter, r *http.Request) {
+		// Answer at once: without full duplex net/http would first wait
+		// for the small body.
+		http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Content-Length", "2") // the answer is whole before the body is
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, "no")
+		w.(http.Flusher).Flush()
+		io.Copy(io.Discard, r.Body) // in the handler: this upstream itself stays clear of the bug
+	})
+	c, err := h.dialTLS(h.tlsConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(testTimeout))
+	br := bufio.NewReader(c)
+	io.WriteString(c, "POST /api/v1/upload HTTP/1.1\r\nHost: "+h.addr+"\r\nContent-Length: 10\r\n\r\n01234")
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodPost})
+	if err != nil {
+		t.Fatalf("no answer while the upload was incomplete: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	wantStatus(t, "the early answer", resp, http.StatusUnauthorized)
+	// The rest of the body, then the next request on the same connection
+	// once the body has been taken.
+	io.WriteString(c, "56789")
+	time.Sleep(50 * time.Millisecond) // let the front take the body's end before the next request
+	io.WriteString(c, "GET /api/v1/next HTTP/1.1\r\nHost: "+h.addr+"\r\n\r\n")
+	resp, err = http.ReadResponse(br, &http.Request{Method: http.MethodGet})
+	if err != nil {
+		t.Fatalf("the connection did not carry the next request: %v", err)
+	}
+	resp.Body.Close()
+	wantStatus(t, "the next request", resp, http.StatusUnauthorized)
+	if s := h.logs.String(); strings.Contains(s, "panic") {
+		t.Fatalf("the front logged a panic: %s", s)
+	}
+}

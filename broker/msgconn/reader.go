@@ -27,12 +27,23 @@ var pool = sync.Pool{New: func() any {
 	return &b
 }}
 
+// maxPooled is the largest buffer kept in the pool: a full client message
+// (1 MiB) with its headroom, after readAll's growth.
+const maxPooled = 2 << 20
+
 // Reader reads whole WebSocket messages into pooled, reused buffers, for
 // one connection, from one goroutine at a time.
 // The zero value is ready to use.
 type Reader struct {
-	held *[]byte
+	held     *[]byte
+	n        int // bytes of *held in use: headroom + the message
+	headroom int
 }
+
+// SetHeadroom keeps n bytes free in front of every later message in its
+// buffer, so a caller that takes the buffer over (Take) can write a header
+// there instead of copying the message behind one.
+func (r *Reader) SetHeadroom(n int) { r.headroom = n }
 
 // Read waits for the next message and reads all of it. The returned slice
 // is lent: it is valid until the next Read or Release, and a caller copies
@@ -46,14 +57,48 @@ func (r *Reader) Read(ctx context.Context, c *websocket.Conn) (websocket.Message
 		return 0, nil, err
 	}
 	bp := pool.Get().(*[]byte)
-	buf, err := readAll(rd, (*bp)[:0])
+	buf := (*bp)[:0]
+	if cap(buf) < r.headroom {
+		buf = make([]byte, 0, initialSize)
+	}
+	buf, err = readAll(rd, buf[:r.headroom])
 	*bp = buf[:0]
 	if err != nil {
 		pool.Put(bp)
 		return 0, nil, err
 	}
-	r.held = bp
-	return typ, buf, nil
+	r.held, r.n = bp, len(buf)
+	return typ, buf[r.headroom:], nil
+}
+
+// Take hands the buffer of the last message over to the caller: its first
+// headroom bytes are free, the message follows. The caller owns it from
+// then on (the next Read takes another from the pool) and gives it back
+// with Recycle once nothing refers to it. Take returns nil, and the buffer
+// stays lent, when there is no message or the message fills less than
+// half of its buffer: a small message would pin a large buffer, so it is
+// worth a copy instead.
+func (r *Reader) Take() []byte {
+	if r.held == nil {
+		return nil
+	}
+	b := (*r.held)[:r.n]
+	if 2*len(b) < cap(b) {
+		return nil
+	}
+	r.held = nil
+	return b
+}
+
+// Recycle gives a buffer back to the pool Read draws from, once nothing
+// refers to any byte of it: one Take returned, or any other buffer its
+// owner is done with. Sizes the pool does not keep are left to the GC.
+func Recycle(b []byte) {
+	if cap(b) < initialSize || cap(b) > maxPooled {
+		return
+	}
+	b = b[:0]
+	pool.Put(&b)
 }
 
 // Release returns the buffer of the last message to the pool. The slice the

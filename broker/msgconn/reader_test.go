@@ -159,3 +159,44 @@ func TestTakeHandsTheBufferOver(t *testing.T) {
 		t.Fatal("a 5-byte message handed over a whole buffer")
 	}
 }
+
+// One connection's 1 MiB buffers, back in the pool, are not handed to a
+// reader of 60 KiB messages: its messages stay eligible for Take.
+func TestTakeAfterAnotherConnectionsLargeMessages(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bigC, bigS := pair(t)
+	bigS.SetReadLimit(2 << 20)
+	go func() {
+		for range 4 {
+			bigC.Write(ctx, websocket.MessageBinary, make([]byte, 1<<20))
+		}
+	}()
+	var big Reader
+	for range 4 {
+		if _, _, err := big.Read(ctx, bigS); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big.Release()
+
+	c, s := pair(t)
+	s.SetReadLimit(1 << 20)
+	msg := bytes.Repeat([]byte{9}, 60<<10)
+	go func() {
+		for range 5 {
+			c.Write(ctx, websocket.MessageBinary, msg)
+		}
+	}()
+	var rd Reader
+	defer rd.Release()
+	for i := range 5 {
+		_, data, err := rd.Read(ctx, s)
+		if err != nil || !bytes.Equal(data, msg) {
+			t.Fatalf("message %d: %d bytes, %v", i, len(data), err)
+		}
+		if buf := rd.Take(); i > 0 && buf == nil {
+			t.Fatalf("message %d of 60 KiB was read into a buffer more than twice its size", i)
+		}
+	}
+}

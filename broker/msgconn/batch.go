@@ -42,6 +42,7 @@ type BatchConn struct {
 	raw   syscall.RawConn
 	ahead *[]byte
 	aoff  int
+	bulk  bool // the last read filled what was asked: read ahead next
 
 	mu       sync.Mutex
 	cond     sync.Cond // flushing ended
@@ -74,8 +75,11 @@ var aheadPool = sync.Pool{New: func() any {
 // Read serves bytes already read ahead first. crypto/tls reads one record
 // (at most ~16 KiB) at a time into a buffer of about that size, so on a
 // bulk stream each record cost a read(2) and most of the broker's system
-// time; a smaller Read than readAhead is instead served from one read(2)
-// of up to readAhead bytes, the rest kept for the next Reads. The buffer
+// time. Once a read filled all that was asked (more is likely waiting), a
+// smaller Read than readAhead is served from one read(2) of up to
+// readAhead bytes, the rest kept for the next Reads; a read-ahead that
+// brings no more than was asked goes back to plain reads, so a socket of
+// small messages pays nothing for it. The buffer
 // is taken from a pool only once the socket has data (inside the raw
 // read, after the poller said readable) and goes back as soon as it is
 // drained, so a connection waiting for bytes holds none. Deadlines and
@@ -91,8 +95,10 @@ func (b *BatchConn) Read(p []byte) (int, error) {
 		}
 		return n, nil
 	}
-	if b.raw == nil || len(p) == 0 || len(p) >= readAhead {
-		return b.Conn.Read(p)
+	if b.raw == nil || !b.bulk || len(p) == 0 || len(p) >= readAhead {
+		n, err := b.Conn.Read(p)
+		b.bulk = b.raw != nil && n == len(p) && n > 0
+		return n, err
 	}
 	var (
 		bp   *[]byte
@@ -128,6 +134,8 @@ func (b *BatchConn) Read(p []byte) (int, error) {
 	}
 	k := copy(p, (*bp)[:n])
 	if k == n {
+		// No more than was asked for: small messages, not a bulk stream.
+		b.bulk = false
 		aheadPool.Put(bp)
 		return k, nil
 	}

@@ -87,6 +87,10 @@ EOF
 	log "reach: broker add-host for the front and $REACH_IDLE_HOSTS idle hosts"
 	(umask 077 && "$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json >"$d/front-host.json" 2>>"$WORK/broker-admin.log") ||
 		die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
+	# The host that loadgen reach-bulk registers as itself (issue 14's
+	# 1 MiB-message figure; see reach_bulk).
+	(umask 077 && "$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json >"$d/bulk-host.json" 2>>"$WORK/broker-admin.log") ||
+		die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
 	local i
 	if ((REACH_OFF_FRONT)); then
 		(umask 077 && "$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json >"$d/front-off-host.json" 2>>"$WORK/broker-admin.log") ||
@@ -220,6 +224,32 @@ reach_xfer() { # MODE VIA
 	fi
 	reach_busy "$mode.$via" "$out"
 	[[ $(kv cut "$out") == 0 ]] || fail "reach $mode $via: the stream was cut: ${R[${mode}_err.$via]}"
+}
+
+# reach_bulk MODE (upload | download | echo): issue 14's broker figure on
+# its own workload. loadgen registers as a host itself (a real connector,
+# the package securelink serve runs, on the load core) and opens one client
+# stream to it; upload/download move raw bytes in 1 MiB writes on that
+# stream (the client's Writes are 1 MiB binary messages), echo sends one
+# 64 B message each way at a time. No front, no inner TLS, no HTTP.
+reach_bulk() {
+	local mode=$1 out args=()
+	args=(reach-bulk -mode "$mode" -broker-url "$BROKER_URL" -ca-file "$REACH_DIR/broker.crt" -host "$REACH_DIR/bulk-host.json"
+		-pids "${PID[broker]}" -duration "${DUR}s" -warmup "${WARM}s")
+	[[ $mode == echo ]] && args+=(-msg-size "$REACH_ECHO_SIZE")
+	out=$(reach_figure "bulk $mode" "${args[@]}") || {
+		fail "reach bulk $mode failed (see $RESULTS/logs/reach-loadgen.log)"
+		return 0
+	}
+	if [[ $mode == echo ]]; then
+		R[bulk_msg_us]=$(printf '%.1f' "$(kv cpu_per_msg_us "$out")")
+		R[bulk_rtt_p50]=$(kv p50_us "$out")
+		return 0
+	fi
+	R[bulk_${mode}_cpugb]=$(printf '%.2f' "$(kv cpu_s_per_gb "$out")")
+	R[bulk_${mode}_mbs]=$(printf '%.0f' "$(kv mbs "$out")")
+	R[bulk_${mode}_cut]=$(kv cut "$out")
+	[[ $(kv cut "$out") == 0 ]] || fail "reach bulk $mode: the stream was cut: $(sed -n 's/.* error=//p' <<<"$out")"
 }
 
 reach_echo() { # VIA
@@ -368,13 +398,15 @@ reach_run() {
 				log "reach: round $round/$ROUNDS, $mode $via"
 				reach_xfer "$mode" "$via"
 			done
+			log "reach: round $round/$ROUNDS, $mode of 1 MiB messages, raw stream"
+			reach_bulk "$mode"
 		done
 		for k in "${!R[@]}"; do
-			[[ $k =~ ^(download|upload)_(mbs|cpugb|n|cut)\. ]] && REACH_RX[$k]+="${REACH_RX[$k]:+ }${R[$k]}"
+			[[ $k =~ ^(download|upload)_(mbs|cpugb|n|cut)\. || $k =~ ^bulk_(download|upload)_(mbs|cpugb|cut)$ ]] && REACH_RX[$k]+="${REACH_RX[$k]:+ }${R[$k]}"
 		done
 	done
 	for k in "${!REACH_RX[@]}"; do
-		if [[ $k == *_cut.* ]]; then
+		if [[ $k == *_cut.* || $k == *_cut ]]; then
 			R[$k]=$(tr ' ' '\n' <<<"${REACH_RX[$k]}" | sort -g | tail -1)
 		else
 			R[$k]=$(median "${REACH_RX[$k]}")
@@ -384,6 +416,8 @@ reach_run() {
 		log "reach: echo $via"
 		reach_echo "$via"
 	done
+	log "reach: 64 B echo on a raw stream"
+	reach_bulk echo
 	for via in broker broker_off; do
 		log "reach: ping-pong next to a bulk stream read at $REACH_SLOW_RATE B/s, $via"
 		reach_pingpong "$via"
@@ -433,10 +467,16 @@ reach_table() {
 	reach_row "/relay/ws 64 B echo p99 µs (1 conn)" "${R[rtt_p99.broker]:-}" "${R[rtt_p99.direct]:-}" ""
 	reach_row "broker CPU s/GB, download (~16 KiB msgs)" "${R[download_cpugb.broker]:-}" "" "≤ 0.7: $(reach_verdict "${R[download_cpugb.broker]:-}" "<=" 0.7)"
 	reach_row "broker CPU s/GB, upload (~16 KiB msgs)" "${R[upload_cpugb.broker]:-}" "" "≤ 0.7: $(reach_verdict "${R[upload_cpugb.broker]:-}" "<=" 0.7)"
+	reach_row "broker CPU s/GB, download (raw, 1 MiB writes)" "${R[bulk_download_cpugb]:-}" "" "≤ 0.7: $(reach_verdict "${R[bulk_download_cpugb]:-}" "<=" 0.7)"
+	reach_row "broker CPU s/GB, upload (raw, 1 MiB msgs)" "${R[bulk_upload_cpugb]:-}" "" "≤ 0.7: $(reach_verdict "${R[bulk_upload_cpugb]:-}" "<=" 0.7)"
+	reach_row "raw stream MB/s, download" "${R[bulk_download_mbs]:-}" "" "load-core bound"
+	reach_row "raw stream MB/s, upload" "${R[bulk_upload_mbs]:-}" "" ""
 	reach_row "broker-bound ceiling MB/s, download" "$(reach_ceiling "${R[download_cpugb.broker]:-}")" "" "1 core / broker CPU per byte"
 	reach_row "broker-bound ceiling MB/s, upload" "$(reach_ceiling "${R[upload_cpugb.broker]:-}")" "" ""
 	reach_row "broker CPU µs per 64 B echo" "${R[rtt_cpu]:-}" "" "two small messages"
 	reach_row "broker CPU µs per small message" "$msg_us" "" "≤ 20: $(reach_verdict "$msg_us" "<=" 20)"
+	reach_row "broker CPU µs per small message (raw)" "${R[bulk_msg_us]:-}" "" "≤ 20: $(reach_verdict "${R[bulk_msg_us]:-}" "<=" 20)"
+	reach_row "raw stream 64 B echo p50 µs" "${R[bulk_rtt_p50]:-}" "" "no front, no inner TLS"
 	reach_row "broker RSS KiB per idle host" "${R[idle_host_kib]:-}" "" "≤ 32: $(reach_verdict "${R[idle_host_kib]:-}" "<=" 32)"
 	reach_row "broker RSS KiB per idle stream" "$kib" "" "≤ 32: $(reach_verdict "$kib" "<=" 32)"
 	reach_row "broker goroutines per idle host" "${R[idle_host_g]:-}" "" "≤ 1: $(reach_verdict "${R[idle_host_g]:-}" "<=" 1)"
@@ -455,6 +495,14 @@ reach_table() {
 	echo "  per record), and the connector's DATA frames at most 64 KiB: issue 14's ≤ 0.7 s/GB is"
 	echo "  stated for 1 MiB client messages, so these rows carry more per-message work than that."
 	echo "  A small message is half an echo (request and answer each cross the broker once)."
+	echo "- raw rows (issue 14's own workload): loadgen registers as a host itself (a real connector,"
+	echo "  the package securelink serve runs, on the load core) and opens one client stream to it; the"
+	echo "  stream carries raw bytes, no front, no inner TLS, no HTTP. Upload: the client writes 1 MiB"
+	echo "  binary messages (the broker forwards each as two DATA frames, 1 MiB and 18 B, the"
+	echo "  reference connectors' frame limit); download: the connector's 64 KiB DATA frames, which"
+	echo "  the broker coalesces into client messages of up to 256 KiB. Every byte is checked on"
+	echo "  arrival. Median of $ROUNDS round(s): download ${REACH_RX[bulk_download_cpugb]:--} s/GB, upload"
+	echo "  ${REACH_RX[bulk_upload_cpugb]:--} s/GB. The raw 64 B echo: one message each way at a time."
 	echo "- idle: ${R[idle_hosts]:--} host registrations (real connectors, the package securelink serve runs,"
 	echo "  started from loadgen), then ${R[idle_streams]:--} client streams on $REACH_STREAM_HOSTS of them ($REACH_STREAMS_PER_HOST each, the"
 	echo "  per-host limit), each with its own bootstrap; VmRSS increase of the broker after $SETTLE;"

@@ -1,8 +1,11 @@
 package msgconn
 
 import (
+	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 )
 
 // batchLimit is what a held BatchConn gathers before it writes anyway.
@@ -29,9 +32,18 @@ var batchPool = sync.Pool{New: func() any {
 // (a pong) joins the batch and leaves with it. While nothing is held it is
 // the plain connection. The buffer comes from a pool and goes back once
 // written, so an idle socket holds none. Close never waits for a batch in
-// flight: it closes the socket, which ends the write. Reads pass through.
+// flight: it closes the socket, which ends the write. Reads are read ahead
+// (see Read).
 type BatchConn struct {
 	net.Conn
+	// Read-ahead (reader only; crypto/tls serializes its reads): raw is
+	// the socket's, nil when it has none; ahead holds bytes read but not
+	// yet returned, ahead[aoff:] (pooled; nil when empty).
+	raw   syscall.RawConn
+	ahead *[]byte
+	aoff  int
+	bulk  bool // the last read filled what was asked: read ahead next
+
 	mu       sync.Mutex
 	cond     sync.Cond // flushing ended
 	held     int
@@ -44,7 +56,92 @@ type BatchConn struct {
 func NewBatchConn(c net.Conn) *BatchConn {
 	b := &BatchConn{Conn: c}
 	b.cond.L = &b.mu
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			b.raw = rc
+		}
+	}
 	return b
+}
+
+// readAhead is what one read(2) may fill for a small Read.
+const readAhead = 128 << 10
+
+var aheadPool = sync.Pool{New: func() any {
+	b := make([]byte, readAhead)
+	return &b
+}}
+
+// Read serves bytes already read ahead first. crypto/tls reads one record
+// (at most ~16 KiB) at a time into a buffer of about that size, so on a
+// bulk stream each record cost a read(2) and most of the broker's system
+// time. Once a read filled all that was asked (more is likely waiting), a
+// smaller Read than readAhead is served from one read(2) of up to
+// readAhead bytes, the rest kept for the next Reads; a read-ahead that
+// brings no more than was asked goes back to plain reads, so a socket of
+// small messages pays nothing for it. The buffer
+// is taken from a pool only once the socket has data (inside the raw
+// read, after the poller said readable) and goes back as soon as it is
+// drained, so a connection waiting for bytes holds none. Deadlines and
+// Close apply as to the plain connection (the raw read honours them).
+func (b *BatchConn) Read(p []byte) (int, error) {
+	if b.ahead != nil {
+		n := copy(p, (*b.ahead)[b.aoff:])
+		b.aoff += n
+		if b.aoff == len(*b.ahead) {
+			*b.ahead = (*b.ahead)[:cap(*b.ahead)]
+			aheadPool.Put(b.ahead)
+			b.ahead = nil
+		}
+		return n, nil
+	}
+	if b.raw == nil || !b.bulk || len(p) == 0 || len(p) >= readAhead {
+		n, err := b.Conn.Read(p)
+		b.bulk = b.raw != nil && n == len(p) && n > 0
+		return n, err
+	}
+	var (
+		bp   *[]byte
+		n    int
+		rerr error
+	)
+	err := b.raw.Read(func(fd uintptr) bool {
+		bp = aheadPool.Get().(*[]byte)
+		for {
+			n, rerr = syscall.Read(int(fd), (*bp)[:readAhead])
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		if rerr == syscall.EAGAIN {
+			aheadPool.Put(bp)
+			bp = nil
+			return false // wait until readable
+		}
+		return true
+	})
+	if err == nil && rerr != nil {
+		err = &net.OpError{Op: "read", Net: "tcp", Source: b.Conn.LocalAddr(), Addr: b.Conn.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
+	}
+	if err != nil || n <= 0 {
+		if bp != nil {
+			aheadPool.Put(bp)
+		}
+		if err == nil {
+			err = io.EOF
+		}
+		return 0, err
+	}
+	k := copy(p, (*bp)[:n])
+	if k == n {
+		// No more than was asked for: small messages, not a bulk stream.
+		b.bulk = false
+		aheadPool.Put(bp)
+		return k, nil
+	}
+	*bp = (*bp)[:n]
+	b.ahead, b.aoff = bp, k
+	return k, nil
 }
 
 // Write sends p at once while nothing is held; otherwise it joins the batch

@@ -3,6 +3,7 @@ package msgconn
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -199,5 +200,94 @@ func TestBatchedWriteToAStuckPeerEndsWithItsContext(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("a write to a stuck peer outlived its context")
+	}
+}
+
+// Once a read filled what was asked, one read(2) takes what the socket
+// holds, so Reads after it are served without the socket (here: after its
+// read deadline passed); drained, the BatchConn holds no buffer, and the
+// deadline and EOF apply again.
+func TestBatchConnReadsAhead(t *testing.T) {
+	a, b := tcpPair(t)
+	bc := NewBatchConn(b)
+	msg := make([]byte, 64<<10)
+	for i := range msg {
+		msg[i] = byte(i % 253)
+	}
+	if _, err := a.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	a.Close() // loopback: the bytes and the FIN are queued at b now
+	got := make([]byte, 0, len(msg))
+	p := make([]byte, 1<<10)
+	// The first read is plain; it fills p, so the second reads ahead.
+	for i := 0; i < 2; i++ {
+		n, err := bc.Read(p)
+		if err != nil || n == 0 {
+			t.Fatalf("read %d: %d, %v", i, n, err)
+		}
+		got = append(got, p[:n]...)
+	}
+	if err := bc.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for len(got) < len(msg) {
+		n, err := bc.Read(p)
+		if err != nil {
+			t.Fatalf("after %d bytes: %v (the rest was not read ahead)", len(got), err)
+		}
+		got = append(got, p[:n]...)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatal("bytes differ")
+	}
+	if bc.ahead != nil {
+		t.Fatal("a drained BatchConn still holds its read-ahead buffer")
+	}
+	var ne net.Error
+	if _, err := bc.Read(p); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read past the deadline: %v, want a timeout", err)
+	}
+	bc.SetReadDeadline(time.Time{})
+	if n, err := bc.Read(p); n != 0 || err != io.EOF {
+		t.Fatalf("read at the end: %d, %v, want io.EOF", n, err)
+	}
+	if bc.ahead != nil {
+		t.Fatal("EOF left a read-ahead buffer held")
+	}
+}
+
+// A socket of small messages keeps plain reads: a read that did not fill
+// what was asked turns read-ahead off, and so does a read-ahead that
+// brought no more than was asked.
+func TestBatchConnSmallReadsStayPlain(t *testing.T) {
+	a, b := tcpPair(t)
+	bc := NewBatchConn(b)
+	p := make([]byte, 1<<10)
+	steps := []struct {
+		size int
+		bulk bool // read-ahead on after this message
+	}{
+		{1 << 10, true},  // a plain read that filled p
+		{100, false},     // a read-ahead that brought less than asked
+		{1 << 10, true},  // plain, full again
+		{1 << 10, false}, // a read-ahead that brought exactly what was asked
+		{100, false},     // plain, short
+	}
+	for i, st := range steps {
+		size := st.size
+		if _, err := a.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		// Loopback: the bytes are queued at b once Write returns.
+		if n, err := bc.Read(p); err != nil || n != size {
+			t.Fatalf("message %d: %d, %v", i, n, err)
+		}
+		if bc.bulk != st.bulk {
+			t.Fatalf("message %d of %d bytes: read-ahead %v, want %v", i, size, bc.bulk, st.bulk)
+		}
+		if bc.ahead != nil {
+			t.Fatalf("message %d: a buffer is held with nothing left to read", i)
+		}
 	}
 }

@@ -110,3 +110,16 @@ type Batcher interface {
 	HoldWrites()
 	SendHeld(ctx context.Context) error
 }
+
+// Owner is a Conn whose reader can hand the buffer of the message its last
+// Read returned over to the caller instead of lending it, so a relay can
+// queue the bytes where they were read. Only the single reader calls them.
+type Owner interface {
+	// SetReadHeadroom keeps n free bytes in front of every later message
+	// in its buffer.
+	SetReadHeadroom(n int)
+	// Take returns the last message's buffer, the headroom first, or nil
+	// when it stays lent (see Reader.Take). A taken buffer goes back with
+	// Recycle once nothing refers to it.
+	Take() []byte
+}

@@ -22,17 +22,65 @@ import (
 // messages grow the buffer, which keeps its size in the pool.
 const initialSize = 32 << 10
 
-var pool = sync.Pool{New: func() any {
-	b := make([]byte, 0, initialSize)
-	return &b
-}}
+// maxPooled is the largest buffer kept: a full client message (1 MiB)
+// with its headroom, after readAll's growth.
+const maxPooled = 2 << 20
+
+// The pool is split by capacity, one class per power of two from
+// initialSize (class i holds capacities in [initialSize<<i,
+// initialSize<<(i+1))), so a connection moving 64 KiB frames is not handed
+// the 1 MiB buffers of another's uploads: every buffer of the class picked
+// for a message of n bytes (see classFor) is less than 2n, which keeps the
+// message eligible for Take.
+const classes = 7 // 32 KiB … 2 MiB
+
+var pools [classes]sync.Pool
+
+func init() {
+	for i := range pools {
+		size := initialSize << i
+		pools[i].New = func() any {
+			b := make([]byte, 0, size)
+			return &b
+		}
+	}
+}
+
+// classFor is the class whose buffers hold n bytes without being twice as
+// large: the largest class i with initialSize<<i <= n (class 0 below).
+func classFor(n int) int {
+	i := 0
+	for i+1 < classes && initialSize<<(i+1) <= n {
+		i++
+	}
+	return i
+}
+
+// putBuf returns a buffer to the class of its capacity; sizes outside
+// the classes are left to the GC.
+func putBuf(bp *[]byte) {
+	c := cap(*bp)
+	if c < initialSize || c > maxPooled {
+		return
+	}
+	*bp = (*bp)[:0]
+	pools[classFor(c)].Put(bp)
+}
 
 // Reader reads whole WebSocket messages into pooled, reused buffers, for
 // one connection, from one goroutine at a time.
 // The zero value is ready to use.
 type Reader struct {
-	held *[]byte
+	held     *[]byte
+	n        int // bytes of *held in use: headroom + the message
+	headroom int
+	last     int // bytes the last message needed: the next one is likely alike
 }
+
+// SetHeadroom keeps n bytes free in front of every later message in its
+// buffer, so a caller that takes the buffer over (Take) can write a header
+// there instead of copying the message behind one.
+func (r *Reader) SetHeadroom(n int) { r.headroom = n }
 
 // Read waits for the next message and reads all of it. The returned slice
 // is lent: it is valid until the next Read or Release, and a caller copies
@@ -45,22 +93,46 @@ func (r *Reader) Read(ctx context.Context, c *websocket.Conn) (websocket.Message
 	if err != nil {
 		return 0, nil, err
 	}
-	bp := pool.Get().(*[]byte)
-	buf, err := readAll(rd, (*bp)[:0])
+	bp := pools[classFor(r.last)].Get().(*[]byte)
+	buf, err := readAll(rd, (*bp)[:r.headroom])
 	*bp = buf[:0]
 	if err != nil {
-		pool.Put(bp)
+		putBuf(bp)
 		return 0, nil, err
 	}
-	r.held = bp
-	return typ, buf, nil
+	r.held, r.n, r.last = bp, len(buf), len(buf)
+	return typ, buf[r.headroom:], nil
 }
+
+// Take hands the buffer of the last message over to the caller: its first
+// headroom bytes are free, the message follows. The caller owns it from
+// then on (the next Read takes another from the pool) and gives it back
+// with Recycle once nothing refers to it. Take returns nil, and the buffer
+// stays lent, when there is no message or the message fills less than
+// half of its buffer: a small message would pin a large buffer, so it is
+// worth a copy instead.
+func (r *Reader) Take() []byte {
+	if r.held == nil {
+		return nil
+	}
+	b := (*r.held)[:r.n]
+	if 2*len(b) < cap(b) {
+		return nil
+	}
+	r.held = nil
+	return b
+}
+
+// Recycle gives a buffer back to the pool Read draws from, once nothing
+// refers to any byte of it: one Take returned, or any other buffer its
+// owner is done with. Sizes the pool does not keep are left to the GC.
+func Recycle(b []byte) { putBuf(&b) }
 
 // Release returns the buffer of the last message to the pool. The slice the
 // last Read returned must not be used afterwards.
 func (r *Reader) Release() {
 	if r.held != nil {
-		pool.Put(r.held)
+		putBuf(r.held)
 		r.held = nil
 	}
 }

@@ -112,3 +112,91 @@ func TestReadAllFillsInPlace(t *testing.T) {
 		t.Fatalf("%v allocations per message", allocs)
 	}
 }
+
+// Take hands the buffer over with its headroom in front; the next Read
+// fills another buffer, so the taken bytes stay as they were. A message
+// filling less than half of its buffer is not handed over.
+func TestTakeHandsTheBufferOver(t *testing.T) {
+	client, server := pair(t)
+	server.SetReadLimit(2 << 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// 1 MiB: at least half of any buffer the pool keeps, whatever earlier
+	// reads left in it.
+	big := bytes.Repeat([]byte("take me "), 128<<10)
+	second := bytes.Repeat([]byte{0x55}, len(big))
+	go func() {
+		client.Write(ctx, websocket.MessageBinary, big)
+		client.Write(ctx, websocket.MessageBinary, second)
+		client.Write(ctx, websocket.MessageBinary, []byte("small"))
+	}()
+	var rd Reader
+	defer rd.Release()
+	rd.SetHeadroom(18)
+	_, data, err := rd.Read(ctx, server)
+	if err != nil || !bytes.Equal(data, big) {
+		t.Fatalf("read %d bytes, %v", len(data), err)
+	}
+	buf := rd.Take()
+	if len(buf) != 18+len(big) || &buf[18] != &data[0] {
+		t.Fatalf("Take gave %d bytes, not the message's buffer with 18 bytes in front", len(buf))
+	}
+	if rd.Take() != nil {
+		t.Fatal("a second Take of one message returned a buffer")
+	}
+	if _, data2, err := rd.Read(ctx, server); err != nil || !bytes.Equal(data2, second) {
+		t.Fatalf("second message: %d bytes, %v", len(data2), err)
+	}
+	if !bytes.Equal(buf[18:], big) {
+		t.Fatal("the next Read wrote into the buffer that was taken")
+	}
+	Recycle(buf)
+	_, small, err := rd.Read(ctx, server)
+	if err != nil || string(small) != "small" {
+		t.Fatalf("small message: %q, %v", small, err)
+	}
+	if rd.Take() != nil {
+		t.Fatal("a 5-byte message handed over a whole buffer")
+	}
+}
+
+// One connection's 1 MiB buffers, back in the pool, are not handed to a
+// reader of 60 KiB messages: its messages stay eligible for Take.
+func TestTakeAfterAnotherConnectionsLargeMessages(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bigC, bigS := pair(t)
+	bigS.SetReadLimit(2 << 20)
+	go func() {
+		for range 4 {
+			bigC.Write(ctx, websocket.MessageBinary, make([]byte, 1<<20))
+		}
+	}()
+	var big Reader
+	for range 4 {
+		if _, _, err := big.Read(ctx, bigS); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big.Release()
+
+	c, s := pair(t)
+	s.SetReadLimit(1 << 20)
+	msg := bytes.Repeat([]byte{9}, 60<<10)
+	go func() {
+		for range 5 {
+			c.Write(ctx, websocket.MessageBinary, msg)
+		}
+	}()
+	var rd Reader
+	defer rd.Release()
+	for i := range 5 {
+		_, data, err := rd.Read(ctx, s)
+		if err != nil || !bytes.Equal(data, msg) {
+			t.Fatalf("message %d: %d bytes, %v", i, len(data), err)
+		}
+		if buf := rd.Take(); i > 0 && buf == nil {
+			t.Fatalf("message %d of 60 KiB was read into a buffer more than twice its size", i)
+		}
+	}
+}

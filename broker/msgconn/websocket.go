@@ -37,6 +37,7 @@ type WebSocket struct {
 var (
 	_ ProgressWriter = (*WebSocket)(nil)
 	_ Batcher        = (*WebSocket)(nil)
+	_ Owner          = (*WebSocket)(nil)
 )
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
@@ -67,6 +68,13 @@ func (w *WebSocket) Read(ctx context.Context) (MessageType, []byte, error) {
 		return 0, nil, mapError(err)
 	}
 }
+
+// SetReadHeadroom keeps n free bytes in front of every later message in
+// its buffer (Owner).
+func (w *WebSocket) SetReadHeadroom(n int) { w.rd.SetHeadroom(n) }
+
+// Take hands the last message's buffer over (Owner; see Reader.Take).
+func (w *WebSocket) Take() []byte { return w.rd.Take() }
 
 // Release returns the buffer of the last message to the pool once the
 // caller's reader is done with the socket.

@@ -1,6 +1,11 @@
 package server
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/hermes-securelink/securelink/broker/msgconn"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
 
 // Frame buffers of the data path. Every client message became a fresh
 // frame allocation and every host DATA payload a fresh copy, so the GC ran
@@ -32,15 +37,26 @@ func getFrame(n int) []byte {
 	return make([]byte, n)
 }
 
-// putFrame gives b back once nothing refers to any byte of it: a whole
-// buffer from getFrame, written and dropped from its queue. Only a slice
-// whose capacity is exactly a pool's size is kept, the others are left to
-// the GC (a remainder of a cut frame, an allocated size).
+// putFrame gives b back once nothing refers to any byte of it (from b[0]
+// to its capacity): a whole queued frame or payload, written and dropped
+// from its queue. A slice whose capacity is exactly a pool's size goes
+// back to that pool; any other (a read buffer the transport handed over,
+// the remainder of a cut frame) to the transport's read pool, which keeps
+// the sizes it can use (msgconn.Recycle).
 func putFrame(b []byte) {
 	switch cap(b) {
 	case frameSmall:
 		smallFrames.Put((*[frameSmall]byte)(b[:frameSmall]))
 	case frameLarge:
 		largeFrames.Put((*[frameLarge]byte)(b[:frameLarge]))
+	default:
+		msgconn.Recycle(b)
 	}
+}
+
+// putDataHeader writes a DATA header for stream id over f's first
+// HeaderLen bytes.
+func putDataHeader(f []byte, id wire.ID) {
+	f[0], f[1] = wire.FrameVersion, wire.FlagData
+	copy(f[2:wire.HeaderLen], id[:])
 }

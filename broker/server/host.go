@@ -475,12 +475,22 @@ func (h *hostSession) frame(ctx context.Context, data []byte) bool {
 		return true
 	}
 	s.touch()
-	// The payload aliases the transport's read buffer, lent only until the
-	// next Read: the queue keeps a copy of exactly the payload (pooled; the
-	// stream's writeLoop gives it back once written).
-	p := getFrame(len(f.Payload))
-	copy(p, f.Payload)
-	return h.enqueueDown(ctx, s, p)
+	return h.enqueueDown(ctx, s, h.keepPayload(f.Payload))
+}
+
+// keepPayload returns a payload the queue may keep (the stream's writeLoop
+// gives it back once written): the transport's read buffer itself when it
+// hands it over (msgconn.Owner), the payload being its tail; else a copy,
+// since the payload aliases a buffer lent only until the next Read.
+func (h *hostSession) keepPayload(payload []byte) []byte {
+	if o, ok := h.conn.(msgconn.Owner); ok {
+		if buf := o.Take(); buf != nil {
+			return buf[len(buf)-len(payload):]
+		}
+	}
+	p := getFrame(len(payload))
+	copy(p, payload)
+	return p
 }
 
 // enqueueDown queues DATA for stream s's client. When that queue is full the
@@ -727,8 +737,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 		if len(s.up) > 0 {
 			f := s.up[0]
 			if s.upRehead {
-				f[0], f[1] = wire.FrameVersion, wire.FlagData
-				copy(f[2:wire.HeaderLen], s.id[:])
+				putDataHeader(f, s.id)
 				s.upRehead = false
 			}
 			payload := len(f) - wire.HeaderLen

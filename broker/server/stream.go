@@ -123,6 +123,9 @@ func (s *stream) run(ctx context.Context) {
 		b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
 	}
 	s.ctx = ctx
+	if o, ok := s.conn.(msgconn.Owner); ok {
+		o.SetReadHeadroom(wire.HeaderLen) // framesUp writes the header there
+	}
 	s.downWake.start()
 	stopKeepalive := b.keepalive(s.conn, &s.pause, s.done, func() {
 		b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "ping timeout", toHost: true, cancel: true, stat: "ping_timeout"})
@@ -265,10 +268,28 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 	}
 }
 
-// framesUp copies one client message into DATA frames for the host: one
-// pooled frame when it fits (the host's writeLoop gives it back once
-// written), else SplitData's frames.
+// framesUp turns one client message into DATA frames for the host (the
+// host's writeLoop gives every buffer back once written). When the
+// transport hands its read buffer over (msgconn.Owner, the message read
+// behind HeaderLen bytes of headroom), the first frame is that buffer with
+// the header written in front: no copy. A message too long for one frame
+// (a full 1 MiB one) leaves its last bytes to a second, small frame.
+// Otherwise it copies: one pooled frame when it fits, else SplitData's.
 func (s *stream) framesUp(data []byte) [][]byte {
+	if o, ok := s.conn.(msgconn.Owner); ok {
+		if buf := o.Take(); buf != nil && len(buf) == wire.HeaderLen+len(data) {
+			f := buf[:min(len(buf), wire.MaxHostFrameOut)]
+			putDataHeader(f, s.id)
+			rest := buf[len(f):]
+			if len(rest) == 0 {
+				return [][]byte{f}
+			}
+			g := getFrame(wire.HeaderLen + len(rest))
+			putDataHeader(g, s.id)
+			copy(g[wire.HeaderLen:], rest)
+			return [][]byte{f, g}
+		}
+	}
 	if wire.HeaderLen+len(data) > wire.MaxHostFrameOut {
 		return wire.SplitData(s.id, data, 0)
 	}

@@ -32,6 +32,9 @@ type WebSocket struct {
 	rd     Reader
 	remote string
 	batch  *BatchConn // under the socket's TLS; nil: every record is its own write
+	// holdAbove is the largest message the library's write buffer sends
+	// in one write; a larger one goes through batch.
+	holdAbove int
 }
 
 var (
@@ -41,13 +44,24 @@ var (
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
 func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
-	return &WebSocket{c: c, remote: remote}
+	return &WebSocket{c: c, remote: remote, holdAbove: batchMin}
 }
 
 // SetBatch makes every message above 4 KiB leave through b in as few
 // writes as possible (see BatchConn). b must be the connection under this
 // socket's TLS. Call it before the first Write.
 func (w *WebSocket) SetBatch(b *BatchConn) { w.batch = b }
+
+// maxFrameHeader is the largest WebSocket frame header (RFC 6455 §5.2).
+const maxFrameHeader = 14
+
+// SetWriteBuffer says the library's write buffer (the *bufio.Writer its
+// server Conn got at the hijack) holds n bytes, not the 4 KiB of
+// net/http's: with SetBatch, every message that does not fit in it with
+// its frame header leaves through the batch, in one write(2), as a
+// message above 4 KiB does with the default buffer. Call it before the
+// first Write.
+func (w *WebSocket) SetWriteBuffer(n int) { w.holdAbove = min(batchMin, n-maxFrameHeader) }
 
 // Read returns the next message, lent until the next Read or Release.
 //
@@ -104,7 +118,7 @@ func (w *WebSocket) WriteProgress(ctx context.Context, typ MessageType, data []b
 // write sends data as one message, fragmented above 64 KiB; after is
 // called, when set, once each fragment has been written.
 func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
-	if w.batch != nil && len(data) > batchMin {
+	if w.batch != nil && len(data) > w.holdAbove {
 		w.batch.Hold()
 		err := w.writeMessage(ctx, typ, data, after)
 		if rerr := w.sendHeld(ctx); err == nil {

@@ -69,9 +69,16 @@ func (w *WebSocket) SetWriteBuffer(n int) { w.holdAbove = min(batchMin, n-maxFra
 // write lock; behind a data write blocked by the peer's backpressure that
 // fails without harming the socket. Read then resumes: if the socket is
 // really gone, the next read says so.
+//
+// ctx ending cuts the socket, as the library does; the library itself
+// reads under a context that never ends, so it does not arm and drop a
+// watch of ctx (an AfterFunc, a child in ctx's table) for every frame: an
+// idle socket's reader sits in one Read while every ping and pong passes.
 func (w *WebSocket) Read(ctx context.Context) (MessageType, []byte, error) {
+	stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
+	defer stop()
 	for retries := 0; ; retries++ {
-		typ, data, err := w.rd.Read(ctx, w.c)
+		typ, data, err := w.rd.Read(context.Background(), w.c)
 		if err == nil {
 			return MessageType(typ), data, nil
 		}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hermes-securelink/securelink/internal/memprofile"
 )
 
 // A reader waiting for the next message is cut when its context ends, and
@@ -61,30 +63,17 @@ const maxReaderAllocsPerPing = 35
 // readerAllocs counts the objects allocated so far under a
 // (*WebSocket).Read, as of a fresh collection.
 func readerAllocs() int64 {
-	runtime.GC()
-	runtime.GC()
-	var recs []runtime.MemProfileRecord
-	for {
-		n, ok := runtime.MemProfile(recs, true)
-		if ok {
-			recs = recs[:n]
-			break
-		}
-		recs = make([]runtime.MemProfileRecord, n+64)
-	}
-	var sum int64
-	for i := range recs {
-		frames := runtime.CallersFrames(recs[i].Stack())
+	_, objects := memprofile.Sum(func(stack []uintptr) bool {
+		frames := runtime.CallersFrames(stack)
 		for {
 			f, more := frames.Next()
 			if strings.HasSuffix(f.Function, "msgconn.(*WebSocket).Read") {
-				sum += recs[i].AllocObjects
-				break
+				return true
 			}
 			if !more {
-				break
+				return false
 			}
 		}
-	}
-	return sum
+	})
+	return objects
 }

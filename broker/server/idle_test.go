@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/memprofile"
 )
 
 // An idle socket costs the broker one goroutine, its reader: the writer
@@ -121,24 +122,8 @@ const idleHeapPerSocket = 15 << 10
 // before the allocations.
 func brokerHeap(t *testing.T) int64 {
 	t.Helper()
-	runtime.GC()
-	runtime.GC() // the profile is as of the last completed cycle
-	var recs []runtime.MemProfileRecord
-	for {
-		n, ok := runtime.MemProfile(recs, true)
-		if ok {
-			recs = recs[:n]
-			break
-		}
-		recs = make([]runtime.MemProfileRecord, n+64)
-	}
-	var sum int64
-	for i := range recs {
-		if brokerStack(recs[i].Stack()) {
-			sum += recs[i].InUseBytes()
-		}
-	}
-	return sum
+	inUse, _ := memprofile.Sum(brokerStack)
+	return inUse
 }
 
 func brokerStack(pcs []uintptr) bool {

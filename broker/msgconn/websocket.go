@@ -32,6 +32,9 @@ type WebSocket struct {
 	rd     Reader
 	remote string
 	batch  *BatchConn // under the socket's TLS; nil: every record is its own write
+	// holdAbove is the largest message the library's write buffer sends
+	// in one write; a larger one goes through batch.
+	holdAbove int
 }
 
 var (
@@ -42,7 +45,7 @@ var (
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
 func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
-	return &WebSocket{c: c, remote: remote}
+	return &WebSocket{c: c, remote: remote, holdAbove: batchMin}
 }
 
 // SetBatch makes every message above 4 KiB leave through b in as few
@@ -50,15 +53,33 @@ func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
 // socket's TLS. Call it before the first Write.
 func (w *WebSocket) SetBatch(b *BatchConn) { w.batch = b }
 
+// maxFrameHeader is the largest WebSocket frame header (RFC 6455 §5.2).
+const maxFrameHeader = 14
+
+// SetWriteBuffer says the library's write buffer (the *bufio.Writer its
+// server Conn got at the hijack) holds n bytes, not the 4 KiB of
+// net/http's: with SetBatch, every message that does not fit in it with
+// its frame header leaves through the batch, in one write(2), as a
+// message above 4 KiB does with the default buffer. Call it before the
+// first Write.
+func (w *WebSocket) SetWriteBuffer(n int) { w.holdAbove = min(batchMin, n-maxFrameHeader) }
+
 // Read returns the next message, lent until the next Read or Release.
 //
 // The library answers a ping while reading and waits at most 5 s for the
 // write lock; behind a data write blocked by the peer's backpressure that
 // fails without harming the socket. Read then resumes: if the socket is
 // really gone, the next read says so.
+//
+// ctx ending cuts the socket, as the library does; the library itself
+// reads under a context that never ends, so it does not arm and drop a
+// watch of ctx (an AfterFunc, a child in ctx's table) for every frame: an
+// idle socket's reader sits in one Read while every ping and pong passes.
 func (w *WebSocket) Read(ctx context.Context) (MessageType, []byte, error) {
+	stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
+	defer stop()
 	for retries := 0; ; retries++ {
-		typ, data, err := w.rd.Read(ctx, w.c)
+		typ, data, err := w.rd.Read(context.Background(), w.c)
 		if err == nil {
 			return MessageType(typ), data, nil
 		}
@@ -112,7 +133,7 @@ func (w *WebSocket) WriteProgress(ctx context.Context, typ MessageType, data []b
 // write sends data as one message, fragmented above 64 KiB; after is
 // called, when set, once each fragment has been written.
 func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
-	if w.batch != nil && len(data) > batchMin {
+	if w.batch != nil && len(data) > w.holdAbove {
 		w.batch.Hold()
 		err := w.writeMessage(ctx, typ, data, after)
 		if rerr := w.sendHeld(ctx); err == nil {

@@ -107,7 +107,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		connID:      reg.ConnectionID,
 		tokenDigest: d,
 		conn:        c,
-		log:         b.log.With().Str("host", hostLabel(reg.HostID)).Logger(),
+		log:         b.log.Hook(logField{"host", hostLabel(reg.HostID)}),
 		writerDone:  make(chan struct{}),
 		replySpace:  make(chan struct{}, 1),
 		done:        make(chan struct{}),

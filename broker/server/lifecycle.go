@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // An idle socket costs the broker one goroutine: its reader. Its writer
@@ -24,7 +26,7 @@ import (
 type writer struct {
 	state  atomic.Int32  // writerIdle … writerLingering
 	wake   chan struct{} // capacity 1: a kick ended the linger
-	linger *time.Timer   // the drain goroutine's only
+	linger *time.Timer   // the drain goroutine's only; nil once it lingered
 	drain  func() (closed bool)
 }
 
@@ -94,6 +96,7 @@ func (w *writer) loop() {
 			continue
 		case <-w.linger.C:
 		}
+		w.linger = nil // an idle socket keeps no timer
 		if w.state.CompareAndSwap(writerLingering, writerIdle) {
 			return
 		}
@@ -133,3 +136,10 @@ func (it *idleTimer) stop() {
 	it.t.Stop()
 	it.mu.Unlock()
 }
+
+// logField adds one field to every event of a socket's logger. A logger
+// made with With keeps a 500-byte field buffer per socket for its life;
+// a hook costs its two strings and runs only for an event that is logged.
+type logField struct{ key, value string }
+
+func (f logField) Run(e *zerolog.Event, _ zerolog.Level, _ string) { e.Str(f.key, f.value) }

@@ -92,7 +92,7 @@ func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred stor
 		conn:       c,
 		digest:     cred.Digest,
 		kind:       cred.Kind,
-		log:        h.log.With().Str("stream_id", id.String()).Logger(),
+		log:        h.log.Hook(logField{"stream_id", id.String()}),
 		done:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 		downSpace:  make(chan struct{}, 1),

@@ -219,7 +219,7 @@ func (r *batchRecorder) SendHeld(ctx context.Context) error {
 }
 
 // TestCreditDataLeavesBeforeTheWindowIsUsedUp: under credit the writer
-// sends its held batch once it carries GrantThreshold bytes of DATA, so the
+// sends its held batch once it carries half the window of DATA, so the
 // broker can drain and grant the first part of a stream's window while the
 // rest is still being framed. Held until the window was used up, the whole
 // 256 KiB left in one write and every grant came a round trip after the
@@ -273,8 +273,8 @@ func TestCreditDataLeavesBeforeTheWindowIsUsedUp(t *testing.T) {
 	sum := 0
 	for _, n := range batches {
 		sum += n
-		if n > wire.GrantThreshold {
-			t.Errorf("one write carried %d bytes of DATA (batches %v): more than %d, the broker could grant none of it before all of it arrived", n, batches, wire.GrantThreshold)
+		if n > creditBatchBytes {
+			t.Errorf("one write carried %d bytes of DATA (batches %v): more than %d, the broker could grant none of it before all of it arrived", n, batches, creditBatchBytes)
 		}
 	}
 	if sum != wire.InitialWindow {

@@ -91,18 +91,29 @@ func (r *Recorder) record(dst *[]byte, p []byte) {
 	*dst = append(*dst, p...)
 }
 
+// recordingConn records each direction in the order it crossed the
+// connection: a write is recorded before the next write starts (and a read
+// before the next read), since two goroutines can write one after the
+// other — net/http's writeLoop the upgrade head, the caller the first frame
+// once the 101 arrived — and recording after an unguarded Write let the
+// later one land first in the capture.
 type recordingConn struct {
 	net.Conn
-	r *Recorder
+	r        *Recorder
+	rmu, wmu sync.Mutex
 }
 
 func (c *recordingConn) Read(p []byte) (int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
 	n, err := c.Conn.Read(p)
 	c.r.record(&c.r.received, p[:n])
 	return n, err
 }
 
 func (c *recordingConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	n, err := c.Conn.Write(p)
 	c.r.record(&c.r.sent, p[:n])
 	return n, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -217,6 +218,15 @@ func (s *session) readFailed(err error) {
 		o.code, o.detail = codeGoingAway, "the broker is going away"
 	case closed:
 		o.detail = fmt.Sprintf("the broker closed the socket with %d", ce.Code)
+	}
+	if closed {
+		// The broker's close frame says why the socket ended; a write
+		// that failed while it closed, if it decided first, says less.
+		s.mu.Lock()
+		if s.end != nil && s.end.code == codeWrite {
+			*s.end = o
+		}
+		s.mu.Unlock()
 	}
 	s.endWith(o, 0, "")
 }
@@ -611,6 +621,15 @@ func (s *session) sendHeld(dl *time.Timer, batch msgconn.Batcher) bool {
 func (s *session) wrote(dl *time.Timer, err error) bool {
 	dl.Stop()
 	if err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			// The socket is already closing: the broker's close frame
+			// (read by readLoop with its reason, e.g. the shutdown's
+			// advised delay) or our own end decides the outcome, not this
+			// write. Deciding here cut the socket before the reader saw
+			// the close, and a graceful broker restart was retried on the
+			// normal schedule.
+			return false
+		}
 		s.fail(codeWrite, "a write to the broker failed", 0, "")
 		return false
 	}

@@ -156,7 +156,7 @@ func (f *forwarder) reverseProxy(w http.ResponseWriter, r *http.Request, target 
 		}
 	}()
 	f.rp.ServeHTTP(w, r.WithContext(ctx))
-	if ex.body != nil {
+	if ex.body != nil && !ex.body.ended.Load() {
 		// Finish the body here, not after the handler: an answer can be
 		// whole before the client sent all of its body (a 401 to an
 		// upload), and in full duplex net/http would otherwise take the
@@ -164,7 +164,8 @@ func (f *forwarder) reverseProxy(w http.ResponseWriter, r *http.Request, target 
 		// read there and panic at the next request on the connection
 		// (golang/go#68560). Close waits for a Read the Transport still
 		// has in progress and is bounded by the body's read deadline; the
-		// answer is flushed first, so the client has it meanwhile.
+		// answer is flushed first, so the client has it meanwhile. A body
+		// the Transport read to its end (the usual upload) needs neither.
 		_ = ex.body.ctl.Flush()
 		ex.body.Close()
 	}
@@ -274,6 +275,9 @@ type limitedBody struct {
 	ctl       *http.ResponseController
 	timeout   time.Duration
 	exceeded  bool
+	// ended is set once the Transport read the body's end (from its
+	// writeLoop, so read by the handler atomically).
+	ended atomic.Bool
 }
 
 func (b *limitedBody) Read(p []byte) (int, error) {
@@ -294,6 +298,7 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 		// answer is merely slow. After a failed read the expired deadline
 		// stays, so net/http's discarding of the unread body cannot block.
 		_ = b.ctl.SetReadDeadline(time.Time{})
+		b.ended.Store(true)
 	}
 	if int64(n) > b.remaining {
 		b.exceeded = true

@@ -35,9 +35,7 @@ func TestClientSocketUnreadWithoutHostCredit(t *testing.T) {
 	if !quiet(host) || got != wire.InitialWindow {
 		t.Fatalf("host got %d bytes (or more) on a %d window", got, wire.InitialWindow)
 	}
-	e.b.mu.Lock()
-	h := e.b.hosts[e.hosts[0].id]
-	e.b.mu.Unlock()
+	h := e.session(0)
 	h.mu.Lock()
 	queued := h.streams[id].upPayload
 	h.mu.Unlock()

@@ -290,14 +290,8 @@ func TestStalledClientUnderCreditStallsNobody(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		sendBinary(t, host, dataFrame(sid, bytes.Repeat([]byte{9}, 64<<10)))
 	}
-	e.b.mu.Lock()
-	h := e.b.hosts[e.hosts[0].id]
-	e.b.mu.Unlock()
-	held := func() int {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.downHeld
-	}
+	h := e.session(0)
+	held := func() int { return downHeld(h) }
 	// One message fills the stalled client's socket; the broker holds the rest.
 	waitFor(t, "bytes held for the stalled client", func() bool { return held() > 0 })
 	const total = 8 << 20

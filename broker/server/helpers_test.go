@@ -407,3 +407,17 @@ func sample(every time.Duration, f func()) (stop func()) {
 	}()
 	return func() { close(quit); <-done }
 }
+
+// session is the broker's session of the env's i-th host.
+func (e *env) session(i int) *hostSession {
+	e.b.mu.Lock()
+	defer e.b.mu.Unlock()
+	return e.b.hosts[e.hosts[i].id]
+}
+
+// downHeld is what h holds for its credit streams' clients.
+func downHeld(h *hostSession) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.downHeld
+}

@@ -53,9 +53,7 @@ func TestHostCreditCapHoldsWithManyBulkStreams(t *testing.T) {
 		clients[i], ids[i] = e.client(host, 0, wire.KindRoute, tok)
 		index[ids[i]] = i
 	}
-	e.b.mu.Lock()
-	h := e.b.hosts[e.hosts[0].id]
-	e.b.mu.Unlock()
+	h := e.session(0)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -200,14 +198,8 @@ func TestHostCreditCapWithholdsGrantsWhileEndedStreamsFlush(t *testing.T) {
 	e.pipeN = 1 // A's socket holds one message
 	a, aid := e.client(host, 0, wire.KindRoute, tok)
 	e.pipeN = 16
-	e.b.mu.Lock()
-	h := e.b.hosts[e.hosts[0].id]
-	e.b.mu.Unlock()
-	held := func() int {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.downHeld
-	}
+	h := e.session(0)
+	held := func() int { return downHeld(h) }
 
 	// 64 KiB fill A's socket and come back as a grant; 256 KiB more stay
 	// queued at the broker; then the host closes A.

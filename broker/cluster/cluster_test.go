@@ -58,8 +58,18 @@ func newEngineRig(t *testing.T, hostsFile string) *rig {
 }
 
 // newRig starts three in-process brokers; ownerTTL is their owner lease
-// (renewed every third of it).
+// (renewed every third of it). Each instance knows every engine node, its
+// own first.
 func newRig(t *testing.T, ownerTTL time.Duration) *rig {
+	t.Helper()
+	return newRigURLs(t, ownerTTL, func(all []string, i int) []string {
+		all[0], all[i] = all[i], all[0]
+		return all
+	})
+}
+
+// newRigURLs is newRig with instance i given the engine URLs urls(all, i).
+func newRigURLs(t *testing.T, ownerTTL time.Duration, urls func(all []string, i int) []string) *rig {
 	t.Helper()
 	hostsFile := filepath.Join(t.TempDir(), "hosts.json")
 	r := newEngineRig(t, hostsFile)
@@ -67,11 +77,9 @@ func newRig(t *testing.T, ownerTTL time.Duration) *rig {
 	r.pool = x509.NewCertPool()
 	ca := newPeerCA(t)
 	for i := 0; i < 3; i++ {
-		urls := r.nats.urls()
-		urls[0], urls[i] = urls[i], urls[0]
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		st, err := Open(ctx, Options{
-			InstanceID: fmt.Sprintf("b%d", i), URLs: urls, BucketPrefix: "reach",
+			InstanceID: fmt.Sprintf("b%d", i), URLs: urls(r.nats.urls(), i), BucketPrefix: "reach",
 			Replicas: 3, Timeout: 2 * time.Second,
 		})
 		cancel()
@@ -665,4 +673,61 @@ func TestClusterForwarding(t *testing.T) {
 		_, m := r.client(1, wire.KindRoute, route, wire.NewID())
 		return code(m) == wire.CodeHostOffline
 	})
+}
+
+// TestClusterOwnerCutOffFromEngine: the instance holding the host loses
+// the engine (the only node it knows stops) while the others keep it. Its
+// lease runs out, so the others answer host_offline; it closes the host's
+// socket (1001 "lease expired") instead of keeping a host nobody can reach,
+// and the host registered again on another instance is reached through
+// both survivors with the credential it published on the first.
+func TestClusterOwnerCutOffFromEngine(t *testing.T) {
+	ttl := 3 * time.Second
+	r := newRigURLs(t, ttl, func(all []string, i int) []string {
+		if i == 0 {
+			return all[:1] // A knows node 0 only
+		}
+		return all[1:]
+	})
+	route := wire.Secret("route-" + testenv.RandomSecret(""))
+	hA := r.hostOn(0)
+	r.publishRoute(hA, "dev1", route)
+	r.mirrored(hA, 1, route)
+	drainOpens(hA)
+	c, id := r.matched(hA, 1, wire.KindRoute, route)
+	echo(t, hA, c, id, payload(50_000))
+
+	cut := time.Now()
+	r.nats.stop(0)
+	var closed time.Duration
+	for {
+		rr := hA.read()
+		if rr.err != nil {
+			closed = time.Since(cut)
+			var ce websocket.CloseError
+			if !errors.As(rr.err, &ce) || ce.Code != websocket.StatusGoingAway || ce.Reason != wire.CloseReasonLeaseExpired {
+				t.Fatalf("A's host socket: %v, want close 1001 %q", rr.err, wire.CloseReasonLeaseExpired)
+			}
+			break
+		}
+	}
+	// The lease cannot be dropped before the last renewal that reached the
+	// engine is a TTL old (at most a renewal interval before the cut).
+	if closed < ttl-ttl/3 {
+		t.Fatalf("A closed its host %v after losing the engine, before the lease (%v) could have run out", closed, ttl)
+	}
+	if n := r.brokers[0].B.Stats().Counts["cluster:lease_expired"]; n != 1 {
+		t.Fatalf("cluster:lease_expired = %d, want 1", n)
+	}
+
+	hB := r.hostOn(1)
+	for _, i := range []int{1, 2} {
+		c, id := r.matched(hB, i, wire.KindRoute, route)
+		echo(t, hB, c, id, payload(100_000))
+	}
+	// A still cannot reach the engine: it refuses work rather than
+	// answering from its mirror.
+	if _, m := r.client(0, wire.KindRoute, route, wire.NewID()); code(m) != wire.CodeUnavailable {
+		t.Fatalf("a client on the cut-off instance: %#v, want unavailable", m)
+	}
 }

@@ -53,6 +53,10 @@ func startNATSCluster(t testing.TB) *natsCluster {
 				Name: "reach-test",
 				Host: "127.0.0.1",
 				Port: routePorts[i],
+				// Clients use the URLs they were given and learn no
+				// others, so a test can cut one instance off the engine
+				// by stopping the only node it knows.
+				NoAdvertise: true,
 			},
 			Routes: c.routes,
 			// Small limits: a test cluster needs little.

@@ -58,7 +58,10 @@ type lease struct {
 	conn    wire.ID
 	rev     uint64 // of the last write; 0 when Hold's write failed
 	writing bool   // Hold's write is in flight: renewals wait for it
-	lost    func()
+	// since is when the last write that succeeded was issued (Hold's start
+	// until one does): the engine's record cannot outlive since+OwnerTTL.
+	since time.Time
+	lost  func(server.LeaseLoss)
 }
 
 type ownerRecord struct {
@@ -132,9 +135,9 @@ func (o *Owners) write(ctx context.Context, host, conn wire.ID, expect uint64) (
 
 // Hold takes host's lease for registration conn: the newest registration
 // wins, on whichever instance it landed.
-func (o *Owners) Hold(ctx context.Context, host, conn wire.ID, lost func()) error {
+func (o *Owners) Hold(ctx context.Context, host, conn wire.ID, lost func(server.LeaseLoss)) error {
 	o.mu.Lock()
-	o.held[host] = lease{conn: conn, lost: lost, writing: true}
+	o.held[host] = lease{conn: conn, lost: lost, writing: true, since: time.Now()}
 	o.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
 	defer cancel()
@@ -174,7 +177,14 @@ func (o *Owners) Release(host, conn wire.ID) {
 // that expired while the engine could not be written, is dropped and its
 // registration told (lost: the broker closes it with `replaced`, and the
 // host registers again wherever it lands); a failed write is retried at
-// the next tick.
+// the next tick. A lease no write has reached the engine for OwnerTTL is
+// dropped too (LeaseExpired): other instances already answer host_offline
+// for it, and this one can match no client without the engine, so the
+// host is better off registering again elsewhere. Once a write fails for
+// any other reason than a changed revision the engine is taken to be out
+// for the rest of the tick: the remaining leases are only checked for
+// expiry, so one outage does not cost a write timeout per host before the
+// last lease is checked.
 func (o *Owners) renew(ctx context.Context) {
 	defer close(o.done)
 	t := time.NewTicker(o.opt.OwnerTTL / 3)
@@ -185,42 +195,60 @@ func (o *Owners) renew(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		o.mu.Lock()
-		held := make(map[wire.ID]lease, len(o.held))
-		for h, l := range o.held {
-			held[h] = l
+		o.renewOnce(ctx)
+	}
+}
+
+func (o *Owners) renewOnce(ctx context.Context) {
+	o.mu.Lock()
+	held := make(map[wire.ID]lease, len(o.held))
+	for h, l := range o.held {
+		held[h] = l
+	}
+	o.mu.Unlock()
+	engineOut := false
+	for h, l := range held {
+		if l.writing {
+			continue
 		}
-		o.mu.Unlock()
-		for h, l := range held {
-			if l.writing {
-				continue
-			}
+		var err error
+		var rev uint64
+		issued := time.Now()
+		if !engineOut {
 			// A lease whose first write failed is written afresh (rev 0);
 			// if a newer registration elsewhere is overwritten, that
 			// instance's next renewal sees it and closes its socket, and
 			// the host registers again: newest wins once more.
 			wctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
-			rev, err := o.write(wctx, h, l.conn, l.rev)
+			rev, err = o.write(wctx, h, l.conn, l.rev)
 			cancel()
-			var api *jetstream.APIError
-			var lost func()
-			o.mu.Lock()
-			switch {
-			case err == nil:
-				if cur, ok := o.held[h]; ok && cur.conn == l.conn {
-					cur.rev = rev
-					o.held[h] = cur
-				}
-			case errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
-				if cur, ok := o.held[h]; ok && cur.conn == l.conn && cur.rev == l.rev {
-					delete(o.held, h) // another instance holds it now
-					lost = cur.lost
-				}
-			}
-			o.mu.Unlock()
-			if lost != nil {
-				lost()
-			}
+		}
+		var api *jetstream.APIError
+		taken := err != nil && errors.As(err, &api) &&
+			(api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+		if err != nil && !taken {
+			engineOut = true
+		}
+		var lost func(server.LeaseLoss)
+		why := server.LeaseTaken
+		o.mu.Lock()
+		cur, ok := o.held[h]
+		mine := ok && cur.conn == l.conn && cur.rev == l.rev
+		switch {
+		case !mine:
+		case err == nil && !engineOut:
+			cur.rev, cur.since = rev, issued
+			o.held[h] = cur
+		case taken:
+			delete(o.held, h) // another instance holds it now
+			lost = cur.lost
+		case time.Since(cur.since) >= o.opt.OwnerTTL:
+			delete(o.held, h)
+			lost, why = cur.lost, server.LeaseExpired
+		}
+		o.mu.Unlock()
+		if lost != nil {
+			lost(why)
 		}
 	}
 }

@@ -18,9 +18,10 @@ import (
 type Forwarder interface {
 	// Hold records that this instance holds host's registration conn (an
 	// owner lease the implementation renews until Release). lost is
-	// called (once, from another goroutine) when a renewal finds the lease
-	// taken by a newer registration elsewhere or gone.
-	Hold(ctx context.Context, host, conn wire.ID, lost func()) error
+	// called (once, from another goroutine) when the lease ends without
+	// Release: taken by a newer registration elsewhere, or run out because
+	// the engine could not be written for its whole TTL.
+	Hold(ctx context.Context, host, conn wire.ID, lost func(LeaseLoss)) error
 	// Release ends the lease of registration conn, if it is still the
 	// recorded one.
 	Release(host, conn wire.ID)
@@ -28,6 +29,21 @@ type Forwarder interface {
 	// *wire.Error host_offline when no instance holds it.
 	Dial(ctx context.Context, host wire.ID) (msgconn.Conn, error)
 }
+
+// LeaseLoss says why a host's owner lease ended without Release.
+type LeaseLoss int
+
+const (
+	// LeaseTaken: a newer registration of the host holds the lease on
+	// another instance (or it was gone when the engine answered again).
+	LeaseTaken LeaseLoss = iota
+	// LeaseExpired: no renewal reached the engine for the lease's TTL, so
+	// other instances now answer host_offline for the host while this one
+	// cannot match anyone either (every match claims its connection_id in
+	// the engine). The socket is closed so the host registers again,
+	// wherever it lands, instead of staying unreachable for the outage.
+	LeaseExpired
+)
 
 // errNotHere: the matching order passed on this instance's mirror, but the
 // host's socket is on another instance (or none); serveClient forwards.
@@ -56,7 +72,13 @@ func (b *Broker) holdHost(ctx context.Context, h *hostSession) {
 	if b.cfg.Forward == nil {
 		return
 	}
-	lost := func() {
+	lost := func(why LeaseLoss) {
+		if why == LeaseExpired {
+			b.count("cluster:lease_expired")
+			h.log.Warn().Msg("the host's owner lease ran out while the engine could not be written; closing its socket so it registers again")
+			b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: wire.CloseReasonLeaseExpired})
+			return
+		}
 		b.count("host:replaced")
 		h.log.Info().Msg("host registration replaced by a newer one on another instance")
 		b.endHost(h, hostEnd{code: wire.CloseNormal, reason: wire.CloseReasonReplaced})

@@ -158,6 +158,11 @@ const (
 	CloseReasonReplaced = "replaced"
 	// CloseReasonRevoked: the host was removed from the broker's hosts file.
 	CloseReasonRevoked = "revoked"
+	// CloseReasonLeaseExpired (with 1001, cluster mode): the instance holding
+	// the host could not renew its owner lease in the engine for the lease's
+	// TTL; the connector reconnects on its normal schedule, to whichever
+	// instance it lands on.
+	CloseReasonLeaseExpired = "lease expired"
 	// CloseReasonShutdownPrefix starts the reason of the close 1001 a
 	// broker's graceful stop sends its hosts: "shutdown retry=SECONDS",
 	// the delay the broker advises before reconnecting (ShutdownReason).

@@ -10,7 +10,7 @@ DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/securelink
 
-.PHONY: all build run test vet fmt-check units install install-check bench fuzz soak clean
+.PHONY: bench-http1 all build run test vet fmt-check units install install-check bench fuzz soak clean
 
 all: build
 
@@ -62,6 +62,12 @@ install-check:
 
 bench: build
 	./bench/run.sh
+
+# What serving HTTP/1.1 outside net/http could win for the small GET: the
+# front, nginx and fasthttp (its own module, not the product's) side by
+# side (docs/decisions.md).
+bench-http1: build
+	./bench/http1-spike/run.sh
 
 # Every fuzz target for FUZZTIME each (default 60s), one after another; not
 # part of `make test`, which replays the seed corpora (and committed crashers).

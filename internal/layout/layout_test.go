@@ -76,6 +76,13 @@ func scan(t *testing.T, root string) map[string]*pkg {
 			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bin") {
 				return filepath.SkipDir
 			}
+			if path != root {
+				// A folder with its own go.mod is another module (a
+				// measuring tool's dependencies kept out of the product's).
+				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+					return filepath.SkipDir
+				}
+			}
 			return nil
 		}
 		if !strings.HasSuffix(name, ".go") {

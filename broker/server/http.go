@@ -146,10 +146,21 @@ func (w smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // so the upgraded socket finds the BatchConn under its TLS.
 type netConnKey struct{}
 
+// Listen opens the broker's TCP listener. Its sockets carry no TCP
+// keepalive: every registered socket is pinged every PingInterval and
+// dropped after PongTimeout, and the ones before it are bounded by
+// ReadHeaderTimeout and RegisterTimeout, so the kernel's probes found
+// nothing those do not, and setting them up cost four setsockopt(2) per
+// connection (net.Listen's default is 15 s).
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1}
+	return lc.Listen(ctx, "tcp", addr)
+}
+
 // ListenAndServe listens on Config.Listen and serves until ctx ends, then
 // stops the broker (Close) and returns nil.
 func (b *Broker) ListenAndServe(ctx context.Context) error {
-	ln, err := net.Listen("tcp", b.cfg.Listen)
+	ln, err := Listen(ctx, b.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("broker: listen: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,5 +123,37 @@ func TestServeListenerOffersOnlyAEADSuitesOnTLS12(t *testing.T) {
 		if err := dial(s); err != nil {
 			t.Errorf("TLS 1.2 with %s: %v", tls.CipherSuiteName(s), err)
 		}
+	}
+}
+
+// The broker's listener sets no TCP keepalive on its sockets (its pings
+// and timeouts cover every phase of a socket); net.Listen's 15 s default
+// cost four setsockopt(2) per connection.
+func TestListenSetsNoTCPKeepalive(t *testing.T) {
+	ln, err := Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	raw, err := sc.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, serr := -1, error(nil)
+	if err := raw.Control(func(fd uintptr) { on, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE) }); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if on != 0 {
+		t.Fatalf("SO_KEEPALIVE is %d on an accepted socket, want 0", on)
 	}
 }

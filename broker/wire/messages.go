@@ -400,10 +400,7 @@ func decodeObject(frame []byte) (object, *Error) {
 
 // typ returns the "type" value, or "" when it is missing or not a string.
 func (o object) typ() string {
-	var s string
-	if raw, ok := o["type"]; !ok || json.Unmarshal(raw, &s) != nil {
-		return ""
-	}
+	s, _ := strictjson.String(o["type"])
 	return s
 }
 
@@ -438,12 +435,7 @@ func (o object) version() *Error {
 
 // str reads a string member; a non-string is a field error.
 func (o object) str(key string) (string, bool) {
-	var s string
-	raw := o[key]
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", false
-	}
-	return s, true
+	return strictjson.String(o[key])
 }
 
 func (o object) id(key string) (ID, bool) {

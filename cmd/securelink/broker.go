@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -186,7 +185,7 @@ func runBroker(ctx context.Context, path string) error {
 			return fmt.Errorf("broker tls: %w", err)
 		}
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, err := server.Listen(ctx, cfg.Listen)
 	if err != nil {
 		b.Close()
 		return fmt.Errorf("broker listen %s: %w", cfg.Listen, err)

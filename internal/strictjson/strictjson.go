@@ -54,26 +54,37 @@ func (e *KeyError) Unwrap() error { return e.Err }
 type Object map[string]json.RawMessage
 
 // check is the part every reader shares: the size bound, UTF-8, JSON
-// validity and no repeated key at any depth.
-func check(data []byte, max int) error {
+// validity and no repeated key at any depth. With out set, the top-level
+// value must be an object, and its members go into out.
+func check(data []byte, max int, out Object) error {
 	if max > 0 && len(data) > max {
 		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, max)
 	}
 	if !utf8.Valid(data) || !json.Valid(data) {
 		return ErrNotJSON
 	}
-	return noDuplicateKeys(data)
+	s := scanner{data: data}
+	s.space()
+	if out != nil && data[s.i] == '{' {
+		return s.object(out)
+	}
+	if err := s.value(); err != nil {
+		return err
+	}
+	if out != nil {
+		return ErrNotObject
+	}
+	return nil
 }
 
 // ParseObject reads data (at most max bytes; 0 = unbounded) as exactly one
 // JSON object and returns its members.
 func ParseObject(data []byte, max int) (Object, error) {
-	if err := check(data, max); err != nil {
+	// The members' values are slices of one copy: data may be a buffer
+	// its owner reuses.
+	obj := Object{}
+	if err := check(bytes.Clone(data), max, obj); err != nil {
 		return nil, err
-	}
-	var obj Object
-	if bytes.TrimLeft(data, " \t\r\n")[0] != '{' || json.Unmarshal(data, &obj) != nil {
-		return nil, ErrNotObject
 	}
 	return obj, nil
 }
@@ -94,10 +105,27 @@ func (o Object) Keys(required []string, optional ...string) error {
 	return nil
 }
 
+// String decodes a member ParseObject returned that must be a JSON
+// string; ok is false for any other value. A string without escapes is
+// its bytes between the quotes (ParseObject checked it is valid JSON and
+// UTF-8), with no reflection.
+func String(raw json.RawMessage) (s string, ok bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", false
+	}
+	if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 {
+		return string(inner), true
+	}
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
 // Decode reads data (at most max bytes; 0 = unbounded) as exactly one JSON
 // value into v; an object field v does not know is ErrUnknownKey.
 func Decode(data []byte, max int, v any) error {
-	if err := check(data, max); err != nil {
+	if err := check(data, max, nil); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -125,49 +153,148 @@ func DecodeReader(r io.Reader, max int, v any) error {
 	return Decode(data, max, v)
 }
 
-// noDuplicateKeys walks a valid JSON document and fails on an object with a
-// repeated key (json.Valid has already refused data after the value).
-func noDuplicateKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	type frame struct {
-		obj  bool
-		keys map[string]struct{}
-		key  bool // the next token in an object is a key
+// scanner walks a document json.Valid accepted, one pass and without
+// allocating for keys without escapes, and fails on an object with a
+// repeated key. Keys are compared decoded ("a" and "\u0061" are one key),
+// as encoding/json would see them.
+type scanner struct {
+	data []byte
+	i    int
+}
+
+func (s *scanner) space() {
+	for s.i < len(s.data) {
+		switch s.data[s.i] {
+		case ' ', '\t', '\r', '\n':
+			s.i++
+		default:
+			return
+		}
 	}
-	var stack []*frame
+}
+
+// str skips the string at s.i and returns it with its quotes, and whether
+// it holds an escape.
+func (s *scanner) str() (raw []byte, escaped bool) {
+	start := s.i
+	s.i++ // the opening quote
 	for {
-		t, err := dec.Token()
-		if err == io.EOF {
+		switch s.data[s.i] {
+		case '\\':
+			escaped = true
+			s.i += 2 // the escape and the byte after it (\uXXXX: 4 plain bytes follow)
+		case '"':
+			s.i++
+			return s.data[start:s.i], escaped
+		default:
+			s.i++
+		}
+	}
+}
+
+// value skips the value at s.i, checking every object in it.
+func (s *scanner) value() error {
+	switch s.data[s.i] {
+	case '{':
+		return s.object(nil)
+	case '[':
+		s.i++
+		s.space()
+		if s.data[s.i] == ']' {
+			s.i++
 			return nil
 		}
-		if err != nil {
-			return ErrNotJSON
-		}
-		var top *frame
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		if k, isKey := t.(string); isKey && top != nil && top.obj && top.key {
-			if _, dup := top.keys[k]; dup {
-				return &KeyError{ErrDuplicate, k}
+		for {
+			s.space()
+			if err := s.value(); err != nil {
+				return err
 			}
-			top.keys[k] = struct{}{}
-			top.key = false
-			continue
+			s.space()
+			c := s.data[s.i]
+			s.i++ // ',' or ']'
+			if c == ']' {
+				return nil
+			}
 		}
-		switch t {
-		case json.Delim('{'):
-			stack = append(stack, &frame{obj: true, keys: map[string]struct{}{}, key: true})
-			continue
-		case json.Delim('['):
-			stack = append(stack, &frame{})
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:len(stack)-1]
+	case '"':
+		s.str()
+		return nil
+	}
+	// A number, true, false or null: up to the next delimiter.
+	for s.i < len(s.data) {
+		switch s.data[s.i] {
+		case ',', ']', '}', ' ', '\t', '\r', '\n':
+			return nil
 		}
-		if len(stack) > 0 && stack[len(stack)-1].obj {
-			stack[len(stack)-1].key = true
+		s.i++
+	}
+	return nil
+}
+
+// smallObject is how many keys an object's keys are compared by a scan
+// of the ones before; past it they go into a map.
+const smallObject = 16
+
+// object skips the object at s.i and fails on a repeated key; with out
+// set, its members go into out.
+func (s *scanner) object(out Object) error {
+	s.i++ // '{'
+	s.space()
+	if s.data[s.i] == '}' {
+		s.i++
+		return nil
+	}
+	var small [smallObject][]byte
+	var n int
+	var seen map[string]struct{}
+	for {
+		s.space()
+		raw, escaped := s.str()
+		key := raw[1 : len(raw)-1]
+		if escaped {
+			var k string
+			if json.Unmarshal(raw, &k) != nil {
+				return ErrNotJSON
+			}
+			key = []byte(k)
+		}
+		switch {
+		case seen != nil:
+			if _, dup := seen[string(key)]; dup {
+				return &KeyError{ErrDuplicate, string(key)}
+			}
+			seen[string(key)] = struct{}{}
+		default:
+			for _, k := range small[:n] {
+				if bytes.Equal(k, key) {
+					return &KeyError{ErrDuplicate, string(key)}
+				}
+			}
+			if n < smallObject {
+				small[n], n = key, n+1
+				break
+			}
+			seen = make(map[string]struct{}, 2*smallObject)
+			for _, k := range small {
+				seen[string(k)] = struct{}{}
+			}
+			seen[string(key)] = struct{}{}
+		}
+		s.space()
+		s.i++ // ':'
+		s.space()
+		start := s.i
+		if err := s.value(); err != nil {
+			return err
+		}
+		if out != nil {
+			out[string(key)] = json.RawMessage(s.data[start:s.i:s.i])
+		}
+		s.space()
+		c := s.data[s.i]
+		s.i++ // ',' or '}'
+		if c == '}' {
+			return nil
 		}
 	}
 }

@@ -17,6 +17,7 @@ func cmdHandshakes(args []string) error {
 	addr := fs.String("addr", "", "server host:port")
 	pin := fs.String("pin", "", "sha256/<b64> SPKI pin of the server")
 	conns := fs.Int("conns", 16, "concurrent handshake loops")
+	curve := fs.String("curve", "x25519", "the one key exchange offered: x25519 (the issue's) or x25519mlkem768 (Go's default first choice, what the connector and broker/client offer)")
 	var win window
 	win.flags(fs, time.Second, "server pids for CPU accounting")
 	fs.Parse(args)
@@ -28,6 +29,9 @@ func cmdHandshakes(args []string) error {
 	}
 	cfg, err := clientTLS(*pin, []string{"http/1.1"})
 	if err != nil {
+		return err
+	}
+	if cfg.CurvePreferences, err = curveFlag(*curve); err != nil {
 		return err
 	}
 	var state atomic.Value
@@ -61,4 +65,16 @@ func oneHandshake(addr string, cfg *tls.Config, state *atomic.Value) error {
 	}
 	c.Close() // sends close_notify, so the server ends the connection quietly
 	return err
+}
+
+// curveFlag is -curve: the single key exchange a calibration handshake
+// offers, so the server has no other to pick.
+func curveFlag(name string) ([]tls.CurveID, error) {
+	switch name {
+	case "x25519":
+		return []tls.CurveID{tls.X25519}, nil
+	case "x25519mlkem768":
+		return []tls.CurveID{tls.X25519MLKEM768}, nil
+	}
+	return nil, fmt.Errorf("bad -curve %q: x25519 or x25519mlkem768", name)
 }

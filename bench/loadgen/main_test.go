@@ -229,6 +229,24 @@ func TestClientTLSPinsAndNeverResumes(t *testing.T) {
 	if got := curves.Load().([]tls.CurveID); !slices.Equal(got, []tls.CurveID{tls.X25519}) {
 		t.Errorf("client offered %v, want only X25519", got)
 	}
+	// The hybrid calibration offers only X25519MLKEM768 and gets it.
+	pq := cfg.Clone()
+	if pq.CurvePreferences, err = curveFlag("x25519mlkem768"); err != nil {
+		t.Fatal(err)
+	}
+	var pqst atomic.Value
+	if err := oneHandshake(addr, pq, &pqst); err != nil {
+		t.Fatal(err)
+	}
+	if cs := pqst.Load().(tls.ConnectionState); cs.CurveID != tls.X25519MLKEM768 {
+		t.Errorf("-curve x25519mlkem768 negotiated %v", cs.CurveID)
+	}
+	if got := curves.Load().([]tls.CurveID); !slices.Equal(got, []tls.CurveID{tls.X25519MLKEM768}) {
+		t.Errorf("-curve x25519mlkem768 offered %v", got)
+	}
+	if _, err := curveFlag("p256"); err == nil {
+		t.Error("-curve p256 accepted")
+	}
 	// A second pinned connection must also be a full handshake.
 	c, err := tls.Dial("tcp", addr, cfg)
 	if err != nil {

@@ -24,12 +24,14 @@ type hostSession struct {
 	log         zerolog.Logger
 	pause       msgconn.Pause
 
-	wake        *writer       // runs writeLoop while it has work or must end
-	replySpace  chan struct{} // capacity 1: a reply left the queue
-	done        chan struct{} // closed once the end is decided
-	writeCtx    context.Context
-	writeCancel context.CancelFunc // cuts an in-flight write (immediate ends)
-	writerDone  chan struct{}      // closed once the writer closed the socket
+	wake       *writer       // runs writeLoop while it has work or must end
+	replySpace chan struct{} // capacity 1: a reply left the queue
+	done       chan struct{} // closed once the end is decided
+	// gate bounds the writer's writes by WriteTimeout; Cut ends them
+	// (immediate ends, and the session's context ending: stopCut).
+	gate       *msgconn.WriteGate
+	stopCut    func() bool
+	writerDone chan struct{} // closed once the writer closed the socket
 
 	// Writer-only (one writeLoop at a time): a write failed, so only the
 	// close is attempted; the close is done.
@@ -115,7 +117,8 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		streams:     map[wire.ID]*stream{},
 		offered:     !b.cfg.DisableCredit,
 	}
-	h.writeCtx, h.writeCancel = context.WithCancel(ctx)
+	h.gate = msgconn.NewWriteGate(c)
+	h.stopCut = context.AfterFunc(ctx, h.gate.Cut)
 	h.wake = newWriter(h.writeLoop) // serveHost starts it
 	return h
 }
@@ -646,10 +649,7 @@ func (h *hostSession) writeLoop() (closed bool) {
 	held := false
 	send := func() {
 		held = false
-		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
-		err := batch.SendHeld(ctx)
-		cancel()
-		if err != nil {
+		if err := h.gate.SendHeld(b.cfg.WriteTimeout); err != nil {
 			h.writeFailed()
 		}
 	}
@@ -675,9 +675,7 @@ func (h *hostSession) writeLoop() (closed bool) {
 			batch.HoldWrites()
 			held = true
 		}
-		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
-		err := h.conn.Write(ctx, item.typ, item.data)
-		cancel()
+		err := h.gate.Write(item.typ, item.data, b.cfg.WriteTimeout, nil)
 		b.budget.release(item.budget)
 		if item.whole {
 			putFrame(item.data)

@@ -39,6 +39,8 @@ type stream struct {
 	broken, finished bool
 	writerDone       chan struct{} // closed once the writer closed the socket
 	downWake         *writer       // runs writeLoop: client-bound data or the end arrived
+	gate             *msgconn.WriteGate
+	progress         func()        // madeProgress, for the gate (made once)
 	downSpace        chan struct{} // capacity 1: client-bound queue shrank
 	upCredit         chan struct{} // capacity 1: the host granted credit
 
@@ -49,7 +51,7 @@ type stream struct {
 	msgconn.Turn          // queued in h.rr
 	down         [][]byte // client-bound payloads
 	downBytes    int
-	writeCancel  context.CancelFunc
+	writing      bool // the writer is in a write: an end with cancel cuts it
 	end          *streamEnd
 
 	// The credit extension (guarded by h.mu). upSent counts the payload
@@ -99,6 +101,8 @@ func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred stor
 		upCredit:   make(chan struct{}, 1),
 	}
 	s.downWake = newWriter(s.writeLoop) // run starts it
+	s.gate = msgconn.NewWriteGate(c)
+	s.progress = s.madeProgress
 	now := time.Now().UnixNano()
 	s.lastActive.Store(now)
 	s.lastProgress.Store(now)
@@ -123,6 +127,7 @@ func (s *stream) run(ctx context.Context) {
 		b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
 	}
 	s.ctx = ctx
+	stopCut := context.AfterFunc(ctx, s.gate.Cut) // the context ending cuts a write, as before
 	if o, ok := s.conn.(msgconn.Owner); ok {
 		o.SetReadHeadroom(wire.HeaderLen) // framesUp writes the header there
 	}
@@ -137,6 +142,7 @@ func (s *stream) run(ctx context.Context) {
 	stopKeepalive()
 	idle.stop()
 	<-s.writerDone
+	stopCut()
 	s.log.Debug().Int("close_code", s.end.code).Str("reason", s.end.reason).Msg("stream ended")
 }
 
@@ -327,12 +333,11 @@ func (s *stream) writeLoop() (closed bool) {
 		}
 		p, n, whole := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
 		credit := s.credit
-		wctx, cancel := context.WithCancel(ctx)
-		s.writeCancel = cancel
+		s.writing = true
 		h.mu.Unlock()
 		signal(s.downSpace)
 
-		err := s.writeMessage(wctx, p)
+		err := s.gate.Write(msgconn.Binary, p, b.cfg.WriteTimeout, s.progress)
 		if n > 0 {
 			b.coalesce.Put(&p)
 		} else if whole {
@@ -340,7 +345,7 @@ func (s *stream) writeLoop() (closed bool) {
 		}
 
 		h.mu.Lock()
-		s.writeCancel = nil
+		s.writing = false
 		if credit {
 			// The client took these bytes: the host may send as many more
 			// (WINDOW), within the host's cap on queued bytes.
@@ -351,7 +356,6 @@ func (s *stream) writeLoop() (closed bool) {
 			h.grantAllLocked(s)
 		}
 		h.mu.Unlock()
-		cancel()
 		b.budget.release(len(p))
 		if err != nil {
 			s.broken = true
@@ -430,27 +434,13 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bo
 	return buf, len(buf), false
 }
 
-// writeMessage writes one client message. Its deadline is WriteTimeout
-// per 64 KiB fragment on transports that can tell (the WebSocket), so a
-// 256 KiB message to a slow but moving reader is never cut, and every
-// fragment the client accepts counts as progress for the slow-consumer
-// rule.
-func (s *stream) writeMessage(ctx context.Context, p []byte) error {
-	progress := func() {
-		now := time.Now().UnixNano()
-		s.lastProgress.Store(now)
-		s.lastActive.Store(now)
-	}
-	if pw, ok := s.conn.(msgconn.ProgressWriter); ok {
-		return pw.WriteProgress(ctx, msgconn.Binary, p, s.b.cfg.WriteTimeout, progress)
-	}
-	wctx, cancel := context.WithTimeout(ctx, s.b.cfg.WriteTimeout)
-	err := s.conn.Write(wctx, msgconn.Binary, p)
-	cancel()
-	if err == nil {
-		progress()
-	}
-	return err
+// madeProgress (the writer's, after each fragment the client accepted;
+// the gate bounds each by WriteTimeout, so a 256 KiB message to a slow but
+// moving reader is never cut) counts for the slow-consumer rule.
+func (s *stream) madeProgress() {
+	now := time.Now().UnixNano()
+	s.lastProgress.Store(now)
+	s.lastActive.Store(now)
 }
 
 func (s *stream) finish(ctx context.Context, e streamEnd) {

@@ -28,14 +28,17 @@ type hostSession struct {
 	replySpace chan struct{} // capacity 1: a reply left the queue
 	done       chan struct{} // closed once the end is decided
 	// gate bounds the writer's writes by WriteTimeout; Cut ends them
-	// (immediate ends, and the session's context ending: stopCut).
+	// (immediate ends). The session's context ending cuts the socket
+	// (stopCut undoes that), so the reader reads under a context that
+	// never ends and the transport watches none per message.
 	gate       *msgconn.WriteGate
 	stopCut    func() bool
 	writerDone chan struct{} // closed once the writer closed the socket
 
 	// Writer-only (one writeLoop at a time): a write failed, so only the
-	// close is attempted; the close is done.
+	// close is attempted; the close is done; the item being written.
 	broken, finished bool
+	item             outItem
 
 	mu      sync.Mutex // guards everything below and the queues of its streams
 	ctrl    []ctrlItem // text messages in order: registered, replies, opens
@@ -118,7 +121,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		offered:     !b.cfg.DisableCredit,
 	}
 	h.gate = msgconn.NewWriteGate(c)
-	h.stopCut = context.AfterFunc(ctx, h.gate.Cut)
+	h.stopCut = context.AfterFunc(ctx, h.cut)
 	h.wake = newWriter(h.writeLoop) // serveHost starts it
 	return h
 }
@@ -131,7 +134,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 func (h *hostSession) readLoop(ctx context.Context) {
 	b := h.b
 	for {
-		typ, data, err := h.conn.Read(ctx)
+		typ, data, err := h.conn.Read(context.Background()) // stopCut cuts it
 		if err != nil {
 			if errors.Is(err, msgconn.ErrTooBig) {
 				b.count("host:too_big")
@@ -687,6 +690,13 @@ func (h *hostSession) writeLoop() (closed bool) {
 	return true
 }
 
+// cut ends the socket when the session's context ends: the write in
+// progress and the reader's wait, as a context per call did.
+func (h *hostSession) cut() {
+	h.gate.Cut()
+	h.conn.CloseNow()
+}
+
 // writeFailed (writer only) ends the registration once a write to the host
 // failed; from then on only the close is attempted.
 func (h *hostSession) writeFailed() {
@@ -695,6 +705,12 @@ func (h *hostSession) writeFailed() {
 	}
 	h.broken = true
 	h.b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
+}
+
+// out is what next returns: the writer's one item, reused (writer only).
+func (h *hostSession) out(it outItem) *outItem {
+	h.item = it
+	return &h.item
 }
 
 // next picks what to write. It returns the end decision once nothing more
@@ -713,7 +729,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			h.replies--
 			signal(h.replySpace)
 		}
-		return &outItem{typ: msgconn.Text, data: it.msg}, nil
+		return h.out(outItem{typ: msgconn.Text, data: it.msg}), nil
 	}
 	if h.end != nil {
 		return nil, h.end
@@ -728,7 +744,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			continue // its CLOSE follows or went out: no more credit needed
 		}
 		f, _ := wire.AppendWindow(nil, s.id, inc)
-		return &outItem{typ: msgconn.Binary, data: f}, nil
+		return h.out(outItem{typ: msgconn.Binary, data: f}), nil
 	}
 	for h.rr.Len() > 0 {
 		s := h.rr.Current()
@@ -760,14 +776,13 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 					h.upBytes -= k
 					h.upSpace.fire()
 					h.rr.Advance()
-					return &outItem{typ: msgconn.Binary, data: f[:wire.HeaderLen+k], budget: k}, nil
+					return h.out(outItem{typ: msgconn.Binary, data: f[:wire.HeaderLen+k], budget: k}), nil
 				}
 				s.upWin.Take(payload)
 			}
 			s.upSent += int64(payload)
 			s.upPayload -= payload
-			s.up[0] = nil
-			s.up = s.up[1:]
+			s.up = popFront(s.up)
 			s.upBytes -= len(f)
 			h.upBytes -= len(f)
 			h.upSpace.fire()
@@ -776,13 +791,13 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			} else {
 				h.rr.Advance()
 			}
-			return &outItem{typ: msgconn.Binary, data: f, budget: len(f), whole: true}, nil
+			return h.out(outItem{typ: msgconn.Binary, data: f, budget: len(f), whole: true}), nil
 		}
 		if s.upClose {
 			s.upClose = false
 			delete(h.flushing, s.id)
 			h.rr.Remove()
-			return &outItem{typ: msgconn.Binary, data: wire.AppendClose(nil, s.id)}, nil
+			return h.out(outItem{typ: msgconn.Binary, data: wire.AppendClose(nil, s.id)}), nil
 		}
 		h.rr.Remove()
 	}

@@ -127,7 +127,13 @@ func (s *stream) run(ctx context.Context) {
 		b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
 	}
 	s.ctx = ctx
-	stopCut := context.AfterFunc(ctx, s.gate.Cut) // the context ending cuts a write, as before
+	// ctx ending cuts the socket, the write in progress and the reader's
+	// wait, as a context per call did; the reader reads under one that
+	// never ends, so the transport watches none per message.
+	stopCut := context.AfterFunc(ctx, func() {
+		s.gate.Cut()
+		s.conn.CloseNow()
+	})
 	if o, ok := s.conn.(msgconn.Owner); ok {
 		o.SetReadHeadroom(wire.HeaderLen) // framesUp writes the header there
 	}
@@ -153,7 +159,7 @@ func (s *stream) readLoop(ctx context.Context) {
 		if !s.awaitCredit(ctx) {
 			return
 		}
-		typ, data, err := s.conn.Read(ctx)
+		typ, data, err := s.conn.Read(context.Background()) // run's stopCut cuts it
 		if err != nil {
 			if errors.Is(err, msgconn.ErrTooBig) {
 				b.endStream(s, streamEnd{code: wire.CloseTooBig, toHost: true, stat: "too_big"})
@@ -227,7 +233,8 @@ func (s *stream) awaitCredit(ctx context.Context) bool {
 // meanwhile — and never closes the stream for it.
 func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 	b, h := s.b, s.h
-	frames := s.framesUp(data)
+	var into [2][]byte // a message is at most two frames unless SplitData's
+	frames := s.framesUp(data, into[:0])
 	n := len(data) + wire.HeaderLen*len(frames)
 	paused := false
 	for {
@@ -281,19 +288,19 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 // the header written in front: no copy. A message too long for one frame
 // (a full 1 MiB one) leaves its last bytes to a second, small frame.
 // Otherwise it copies: one pooled frame when it fits, else SplitData's.
-func (s *stream) framesUp(data []byte) [][]byte {
+func (s *stream) framesUp(data []byte, into [][]byte) [][]byte {
 	if o, ok := s.conn.(msgconn.Owner); ok {
 		if buf := o.Take(); buf != nil && len(buf) == wire.HeaderLen+len(data) {
 			f := buf[:min(len(buf), wire.MaxHostFrameOut)]
 			putDataHeader(f, s.id)
 			rest := buf[len(f):]
 			if len(rest) == 0 {
-				return [][]byte{f}
+				return append(into, f)
 			}
 			g := getFrame(wire.HeaderLen + len(rest))
 			putDataHeader(g, s.id)
 			copy(g[wire.HeaderLen:], rest)
-			return [][]byte{f, g}
+			return append(into, f, g)
 		}
 	}
 	if wire.HeaderLen+len(data) > wire.MaxHostFrameOut {
@@ -303,7 +310,7 @@ func (s *stream) framesUp(data []byte) [][]byte {
 	if err != nil { // not reached: data is not empty and fits
 		return wire.SplitData(s.id, data, 0)
 	}
-	return [][]byte{f}
+	return append(into, f)
 }
 
 // writeLoop is the only goroutine writing to the client after `matched`.
@@ -339,7 +346,8 @@ func (s *stream) writeLoop() (closed bool) {
 
 		err := s.gate.Write(msgconn.Binary, p, b.cfg.WriteTimeout, s.progress)
 		if n > 0 {
-			b.coalesce.Put(&p)
+			bp := p // only a pooled buffer escapes to the heap
+			b.coalesce.Put(&bp)
 		} else if whole {
 			putFrame(p) // written, and no longer in the queue
 		}
@@ -408,8 +416,7 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bo
 		msg = first[:min(len(first), max)]
 		whole = len(msg) == len(first)
 		if whole {
-			s.down[0] = nil
-			s.down = s.down[1:]
+			s.down = popFront(s.down)
 		} else {
 			s.down[0] = first[len(msg):]
 		}
@@ -423,8 +430,7 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bo
 		k := min(len(p), max-len(buf))
 		buf = append(buf, p[:k]...)
 		if k == len(p) {
-			s.down[0] = nil
-			s.down = s.down[1:]
+			s.down = popFront(s.down)
 			putFrame(p) // copied, and no longer in the queue
 		} else {
 			s.down[0] = p[k:]

@@ -16,7 +16,7 @@ func TestWriteGateTimesOnlyWritesInProgress(t *testing.T) {
 	client, server := pair(t)
 	peer, w := FromWebSocket(client, "server"), FromWebSocket(server, "client")
 	g := NewWriteGate(w)
-	const timeout = 200 * time.Millisecond
+	const timeout = 500 * time.Millisecond
 	msg := []byte("small")
 	for range 2 {
 		if err := g.Write(Binary, msg, timeout, nil); err != nil {
@@ -25,7 +25,7 @@ func TestWriteGateTimesOnlyWritesInProgress(t *testing.T) {
 		if _, got, err := peer.Read(testCtx(t)); err != nil || !bytes.Equal(got, msg) {
 			t.Fatalf("peer read %q, %v", got, err)
 		}
-		time.Sleep(3 * timeout) // idle: past any deadline the watch saw
+		time.Sleep(2 * timeout) // idle: past any deadline the watch saw
 	}
 	// The peer reads no more: 32 MiB fill both socket buffers and stall.
 	done := make(chan error, 1)

@@ -140,7 +140,7 @@ func (g *WriteGate) fallback(timeout time.Duration, write func(context.Context) 
 // records the deadline of the write in progress, end clears it, and one
 // timer, armed by the first begin and re-armed only while writes go on,
 // cuts the socket once a write is still in progress past its deadline. An
-// idle socket's timer has fired and stays unarmed.
+// idle socket's timer has fired and was dropped: it holds none.
 type writeWatch struct {
 	deadline atomic.Int64 // monotonic ns (mono) of the write in progress; 0: none
 	armed    atomic.Bool
@@ -193,7 +193,7 @@ func (w *writeWatch) fire(c closer) (late bool) {
 	for {
 		dl := w.deadline.Load()
 		if dl == 0 {
-			w.armed.Store(false)
+			w.disarm()
 			// A write that began meanwhile saw the timer armed and left
 			// it to this call.
 			if w.deadline.Load() == 0 || !w.armed.CompareAndSwap(false, true) {
@@ -203,10 +203,19 @@ func (w *writeWatch) fire(c closer) (late bool) {
 		}
 		left := dl - mono()
 		if left <= 0 {
-			w.armed.Store(false)
+			w.disarm()
 			return true
 		}
 		w.arm(time.Duration(left), c)
 		return false
 	}
+}
+
+// disarm drops the fired timer (the next begin makes another), so a
+// socket between bursts of writes keeps none.
+func (w *writeWatch) disarm() {
+	w.mu.Lock()
+	w.t = nil
+	w.armed.Store(false)
+	w.mu.Unlock()
 }

@@ -126,7 +126,13 @@ func (r *Reader) Take() []byte {
 // Recycle gives a buffer back to the pool Read draws from, once nothing
 // refers to any byte of it: one Take returned, or any other buffer its
 // owner is done with. Sizes the pool does not keep are left to the GC.
-func Recycle(b []byte) { putBuf(&b) }
+func Recycle(b []byte) {
+	if c := cap(b); c < initialSize || c > maxPooled {
+		return // not kept: no slice header on the heap for it either
+	}
+	bp := b
+	putBuf(&bp)
+}
 
 // Release returns the buffer of the last message to the pool. The slice the
 // last Read returned must not be used afterwards.

@@ -35,12 +35,14 @@ type WebSocket struct {
 	// holdAbove is the largest message the library's write buffer sends
 	// in one write; a larger one goes through batch.
 	holdAbove int
+	watch     writeWatch // the deadline of a WriteGate's write in progress
 }
 
 var (
 	_ ProgressWriter = (*WebSocket)(nil)
 	_ Batcher        = (*WebSocket)(nil)
 	_ Owner          = (*WebSocket)(nil)
+	_ timedWriter    = (*WebSocket)(nil)
 )
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
@@ -76,8 +78,10 @@ func (w *WebSocket) SetWriteBuffer(n int) { w.holdAbove = min(batchMin, n-maxFra
 // watch of ctx (an AfterFunc, a child in ctx's table) for every frame: an
 // idle socket's reader sits in one Read while every ping and pong passes.
 func (w *WebSocket) Read(ctx context.Context) (MessageType, []byte, error) {
-	stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
-	defer stop()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
+		defer stop()
+	}
 	for retries := 0; ; retries++ {
 		typ, data, err := w.rd.Read(context.Background(), w.c)
 		if err == nil {
@@ -165,9 +169,39 @@ func (w *WebSocket) SendHeld(ctx context.Context) error {
 // socket here, as it would in the library: a peer that stops reading
 // cannot hold the writer past its deadline.
 func (w *WebSocket) sendHeld(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
-	defer stop()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
+		defer stop()
+	}
 	return w.batch.Release()
+}
+
+// writeWithin is a WriteGate's write: the library writes under a context
+// that never ends, so it watches none; the socket's writeWatch cuts it
+// once a fragment takes longer than timeout.
+func (w *WebSocket) writeWithin(typ MessageType, data []byte, timeout time.Duration, progress func()) error {
+	w.watch.begin(timeout, w.c)
+	after := progress
+	if progress != nil && len(data) > fragment {
+		after = func() {
+			progress()
+			w.watch.begin(timeout, w.c)
+		}
+	}
+	err := w.write(context.Background(), typ, data, after)
+	w.watch.end()
+	return err
+}
+
+// sendHeldWithin is a WriteGate's SendHeld.
+func (w *WebSocket) sendHeldWithin(timeout time.Duration) error {
+	if w.batch == nil {
+		return nil
+	}
+	w.watch.begin(timeout, w.c)
+	err := w.batch.Release()
+	w.watch.end()
+	return err
 }
 
 func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, data []byte, after func()) error {

@@ -339,6 +339,7 @@ func (b *Broker) serveHost(ctx context.Context, c msgconn.Conn, reg wire.Registe
 	b.endHost(h, hostEnd{code: wire.CloseGoingAway, cancel: true})
 	stopKeepalive()
 	<-h.writerDone
+	h.stopCut()
 	h.releaseQueues()
 	h.log.Info().Int("close_code", h.end.code).Str("reason", h.end.reason).Msg("host registration ended")
 }
@@ -627,8 +628,8 @@ func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
 		h.creditOut -= s.downWin.Credit()
 		h.grantAllLocked(nil)
 	}
-	if e.cancel && s.writeCancel != nil {
-		s.writeCancel()
+	if e.cancel && s.writing {
+		s.gate.Cut()
 	}
 	s.downWake.kick()
 	if e.stat != "" {
@@ -679,7 +680,7 @@ func (b *Broker) endHostLocked(h *hostSession, e hostEnd) {
 	h.end = &e
 	close(h.done)
 	if e.cancel {
-		h.writeCancel()
+		h.gate.Cut()
 	}
 	h.wake.kick()
 }

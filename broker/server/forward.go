@@ -136,17 +136,25 @@ func (b *Broker) forward(ctx context.Context, c msgconn.Conn, reg wire.Register)
 			to.Close(code, reason)
 		})
 	}
+	// ctx ending cuts both sockets, the reads and the writes in progress,
+	// as a context per call did; the pumps read under one that never ends
+	// and bound their writes with a WriteGate, so a small message costs no
+	// context, timer or watch of either.
+	stop := context.AfterFunc(ctx, func() {
+		c.CloseNow()
+		pc.CloseNow()
+	})
+	defer stop()
 	pump := func(from, to msgconn.Conn) {
+		gate := msgconn.NewWriteGate(to)
 		for {
-			typ, data, err := from.Read(ctx)
+			typ, data, err := from.Read(context.Background())
 			if err != nil {
 				end(to, err)
 				from.CloseNow()
 				return
 			}
-			wctx, cancel := context.WithTimeout(ctx, b.cfg.WriteTimeout)
-			err = to.Write(wctx, typ, data)
-			cancel()
+			err = gate.Write(typ, data, b.cfg.WriteTimeout, nil)
 			if err != nil {
 				end(from, nil)
 				to.CloseNow()

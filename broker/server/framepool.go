@@ -60,3 +60,14 @@ func putDataHeader(f []byte, id wire.ID) {
 	f[0], f[1] = wire.FrameVersion, wire.FlagData
 	copy(f[2:wire.HeaderLen], id[:])
 }
+
+// popFront drops q's first item and keeps its backing array: a queue that
+// empties with every message (one in flight) would otherwise lose the
+// array's front slot at each pop and reallocate it at the next append. The
+// queues it serves hold at most StreamQueueFrames items.
+func popFront[T any](q []T) []T {
+	n := copy(q, q[1:])
+	var zero T
+	q[n] = zero
+	return q[:n]
+}

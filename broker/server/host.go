@@ -24,16 +24,21 @@ type hostSession struct {
 	log         zerolog.Logger
 	pause       msgconn.Pause
 
-	wake        *writer       // runs writeLoop while it has work or must end
-	replySpace  chan struct{} // capacity 1: a reply left the queue
-	done        chan struct{} // closed once the end is decided
-	writeCtx    context.Context
-	writeCancel context.CancelFunc // cuts an in-flight write (immediate ends)
-	writerDone  chan struct{}      // closed once the writer closed the socket
+	wake       *writer       // runs writeLoop while it has work or must end
+	replySpace chan struct{} // capacity 1: a reply left the queue
+	done       chan struct{} // closed once the end is decided
+	// gate bounds the writer's writes by WriteTimeout; Cut ends them
+	// (immediate ends). The session's context ending cuts the socket
+	// (stopCut undoes that), so the reader reads under a context that
+	// never ends and the transport watches none per message.
+	gate       *msgconn.WriteGate
+	stopCut    func() bool
+	writerDone chan struct{} // closed once the writer closed the socket
 
 	// Writer-only (one writeLoop at a time): a write failed, so only the
-	// close is attempted; the close is done.
+	// close is attempted; the close is done; the item being written.
 	broken, finished bool
+	item             outItem
 
 	mu      sync.Mutex // guards everything below and the queues of its streams
 	ctrl    []ctrlItem // text messages in order: registered, replies, opens
@@ -115,7 +120,8 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		streams:     map[wire.ID]*stream{},
 		offered:     !b.cfg.DisableCredit,
 	}
-	h.writeCtx, h.writeCancel = context.WithCancel(ctx)
+	h.gate = msgconn.NewWriteGate(c)
+	h.stopCut = context.AfterFunc(ctx, h.cut)
 	h.wake = newWriter(h.writeLoop) // serveHost starts it
 	return h
 }
@@ -128,7 +134,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 func (h *hostSession) readLoop(ctx context.Context) {
 	b := h.b
 	for {
-		typ, data, err := h.conn.Read(ctx)
+		typ, data, err := h.conn.Read(context.Background()) // stopCut cuts it
 		if err != nil {
 			if errors.Is(err, msgconn.ErrTooBig) {
 				b.count("host:too_big")
@@ -646,10 +652,7 @@ func (h *hostSession) writeLoop() (closed bool) {
 	held := false
 	send := func() {
 		held = false
-		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
-		err := batch.SendHeld(ctx)
-		cancel()
-		if err != nil {
+		if err := h.gate.SendHeld(b.cfg.WriteTimeout); err != nil {
 			h.writeFailed()
 		}
 	}
@@ -675,9 +678,7 @@ func (h *hostSession) writeLoop() (closed bool) {
 			batch.HoldWrites()
 			held = true
 		}
-		ctx, cancel := context.WithTimeout(h.writeCtx, b.cfg.WriteTimeout)
-		err := h.conn.Write(ctx, item.typ, item.data)
-		cancel()
+		err := h.gate.Write(item.typ, item.data, b.cfg.WriteTimeout, nil)
 		b.budget.release(item.budget)
 		if item.whole {
 			putFrame(item.data)
@@ -689,6 +690,13 @@ func (h *hostSession) writeLoop() (closed bool) {
 	return true
 }
 
+// cut ends the socket when the session's context ends: the write in
+// progress and the reader's wait, as a context per call did.
+func (h *hostSession) cut() {
+	h.gate.Cut()
+	h.conn.CloseNow()
+}
+
 // writeFailed (writer only) ends the registration once a write to the host
 // failed; from then on only the close is attempted.
 func (h *hostSession) writeFailed() {
@@ -697,6 +705,12 @@ func (h *hostSession) writeFailed() {
 	}
 	h.broken = true
 	h.b.endHost(h, hostEnd{code: wire.CloseGoingAway, reason: "write failed", cancel: true})
+}
+
+// out is what next returns: the writer's one item, reused (writer only).
+func (h *hostSession) out(it outItem) *outItem {
+	h.item = it
+	return &h.item
 }
 
 // next picks what to write. It returns the end decision once nothing more
@@ -715,7 +729,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			h.replies--
 			signal(h.replySpace)
 		}
-		return &outItem{typ: msgconn.Text, data: it.msg}, nil
+		return h.out(outItem{typ: msgconn.Text, data: it.msg}), nil
 	}
 	if h.end != nil {
 		return nil, h.end
@@ -730,7 +744,7 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			continue // its CLOSE follows or went out: no more credit needed
 		}
 		f, _ := wire.AppendWindow(nil, s.id, inc)
-		return &outItem{typ: msgconn.Binary, data: f}, nil
+		return h.out(outItem{typ: msgconn.Binary, data: f}), nil
 	}
 	for h.rr.Len() > 0 {
 		s := h.rr.Current()
@@ -762,14 +776,13 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 					h.upBytes -= k
 					h.upSpace.fire()
 					h.rr.Advance()
-					return &outItem{typ: msgconn.Binary, data: f[:wire.HeaderLen+k], budget: k}, nil
+					return h.out(outItem{typ: msgconn.Binary, data: f[:wire.HeaderLen+k], budget: k}), nil
 				}
 				s.upWin.Take(payload)
 			}
 			s.upSent += int64(payload)
 			s.upPayload -= payload
-			s.up[0] = nil
-			s.up = s.up[1:]
+			s.up = popFront(s.up)
 			s.upBytes -= len(f)
 			h.upBytes -= len(f)
 			h.upSpace.fire()
@@ -778,13 +791,13 @@ func (h *hostSession) next(broken bool) (*outItem, *hostEnd) {
 			} else {
 				h.rr.Advance()
 			}
-			return &outItem{typ: msgconn.Binary, data: f, budget: len(f), whole: true}, nil
+			return h.out(outItem{typ: msgconn.Binary, data: f, budget: len(f), whole: true}), nil
 		}
 		if s.upClose {
 			s.upClose = false
 			delete(h.flushing, s.id)
 			h.rr.Remove()
-			return &outItem{typ: msgconn.Binary, data: wire.AppendClose(nil, s.id)}, nil
+			return h.out(outItem{typ: msgconn.Binary, data: wire.AppendClose(nil, s.id)}), nil
 		}
 		h.rr.Remove()
 	}

@@ -61,7 +61,7 @@ func TestDataIsQueuedWhereItWasRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	frames := (&stream{conn: cs, id: id}).framesUp(data)
+	frames := (&stream{conn: cs, id: id}).framesUp(data, nil)
 	if len(frames) != 2 || len(frames[0]) != wire.MaxHostFrameOut {
 		t.Fatalf("%d frames", len(frames))
 	}

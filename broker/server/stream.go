@@ -39,6 +39,8 @@ type stream struct {
 	broken, finished bool
 	writerDone       chan struct{} // closed once the writer closed the socket
 	downWake         *writer       // runs writeLoop: client-bound data or the end arrived
+	gate             *msgconn.WriteGate
+	progress         func()        // madeProgress, for the gate (made once)
 	downSpace        chan struct{} // capacity 1: client-bound queue shrank
 	upCredit         chan struct{} // capacity 1: the host granted credit
 
@@ -49,7 +51,7 @@ type stream struct {
 	msgconn.Turn          // queued in h.rr
 	down         [][]byte // client-bound payloads
 	downBytes    int
-	writeCancel  context.CancelFunc
+	writing      bool // the writer is in a write: an end with cancel cuts it
 	end          *streamEnd
 
 	// The credit extension (guarded by h.mu). upSent counts the payload
@@ -99,6 +101,8 @@ func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred stor
 		upCredit:   make(chan struct{}, 1),
 	}
 	s.downWake = newWriter(s.writeLoop) // run starts it
+	s.gate = msgconn.NewWriteGate(c)
+	s.progress = s.madeProgress
 	now := time.Now().UnixNano()
 	s.lastActive.Store(now)
 	s.lastProgress.Store(now)
@@ -123,6 +127,13 @@ func (s *stream) run(ctx context.Context) {
 		b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
 	}
 	s.ctx = ctx
+	// ctx ending cuts the socket, the write in progress and the reader's
+	// wait, as a context per call did; the reader reads under one that
+	// never ends, so the transport watches none per message.
+	stopCut := context.AfterFunc(ctx, func() {
+		s.gate.Cut()
+		s.conn.CloseNow()
+	})
 	if o, ok := s.conn.(msgconn.Owner); ok {
 		o.SetReadHeadroom(wire.HeaderLen) // framesUp writes the header there
 	}
@@ -137,6 +148,7 @@ func (s *stream) run(ctx context.Context) {
 	stopKeepalive()
 	idle.stop()
 	<-s.writerDone
+	stopCut()
 	s.log.Debug().Int("close_code", s.end.code).Str("reason", s.end.reason).Msg("stream ended")
 }
 
@@ -147,7 +159,7 @@ func (s *stream) readLoop(ctx context.Context) {
 		if !s.awaitCredit(ctx) {
 			return
 		}
-		typ, data, err := s.conn.Read(ctx)
+		typ, data, err := s.conn.Read(context.Background()) // run's stopCut cuts it
 		if err != nil {
 			if errors.Is(err, msgconn.ErrTooBig) {
 				b.endStream(s, streamEnd{code: wire.CloseTooBig, toHost: true, stat: "too_big"})
@@ -221,7 +233,8 @@ func (s *stream) awaitCredit(ctx context.Context) bool {
 // meanwhile — and never closes the stream for it.
 func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 	b, h := s.b, s.h
-	frames := s.framesUp(data)
+	var into [2][]byte // a message is at most two frames unless SplitData's
+	frames := s.framesUp(data, into[:0])
 	n := len(data) + wire.HeaderLen*len(frames)
 	paused := false
 	for {
@@ -275,19 +288,19 @@ func (s *stream) enqueueUp(ctx context.Context, data []byte) bool {
 // the header written in front: no copy. A message too long for one frame
 // (a full 1 MiB one) leaves its last bytes to a second, small frame.
 // Otherwise it copies: one pooled frame when it fits, else SplitData's.
-func (s *stream) framesUp(data []byte) [][]byte {
+func (s *stream) framesUp(data []byte, into [][]byte) [][]byte {
 	if o, ok := s.conn.(msgconn.Owner); ok {
 		if buf := o.Take(); buf != nil && len(buf) == wire.HeaderLen+len(data) {
 			f := buf[:min(len(buf), wire.MaxHostFrameOut)]
 			putDataHeader(f, s.id)
 			rest := buf[len(f):]
 			if len(rest) == 0 {
-				return [][]byte{f}
+				return append(into, f)
 			}
 			g := getFrame(wire.HeaderLen + len(rest))
 			putDataHeader(g, s.id)
 			copy(g[wire.HeaderLen:], rest)
-			return [][]byte{f, g}
+			return append(into, f, g)
 		}
 	}
 	if wire.HeaderLen+len(data) > wire.MaxHostFrameOut {
@@ -297,7 +310,7 @@ func (s *stream) framesUp(data []byte) [][]byte {
 	if err != nil { // not reached: data is not empty and fits
 		return wire.SplitData(s.id, data, 0)
 	}
-	return [][]byte{f}
+	return append(into, f)
 }
 
 // writeLoop is the only goroutine writing to the client after `matched`.
@@ -327,20 +340,20 @@ func (s *stream) writeLoop() (closed bool) {
 		}
 		p, n, whole := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
 		credit := s.credit
-		wctx, cancel := context.WithCancel(ctx)
-		s.writeCancel = cancel
+		s.writing = true
 		h.mu.Unlock()
 		signal(s.downSpace)
 
-		err := s.writeMessage(wctx, p)
+		err := s.gate.Write(msgconn.Binary, p, b.cfg.WriteTimeout, s.progress)
 		if n > 0 {
-			b.coalesce.Put(&p)
+			bp := p // only a pooled buffer escapes to the heap
+			b.coalesce.Put(&bp)
 		} else if whole {
 			putFrame(p) // written, and no longer in the queue
 		}
 
 		h.mu.Lock()
-		s.writeCancel = nil
+		s.writing = false
 		if credit {
 			// The client took these bytes: the host may send as many more
 			// (WINDOW), within the host's cap on queued bytes.
@@ -351,7 +364,6 @@ func (s *stream) writeLoop() (closed bool) {
 			h.grantAllLocked(s)
 		}
 		h.mu.Unlock()
-		cancel()
 		b.budget.release(len(p))
 		if err != nil {
 			s.broken = true
@@ -404,8 +416,7 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bo
 		msg = first[:min(len(first), max)]
 		whole = len(msg) == len(first)
 		if whole {
-			s.down[0] = nil
-			s.down = s.down[1:]
+			s.down = popFront(s.down)
 		} else {
 			s.down[0] = first[len(msg):]
 		}
@@ -419,8 +430,7 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bo
 		k := min(len(p), max-len(buf))
 		buf = append(buf, p[:k]...)
 		if k == len(p) {
-			s.down[0] = nil
-			s.down = s.down[1:]
+			s.down = popFront(s.down)
 			putFrame(p) // copied, and no longer in the queue
 		} else {
 			s.down[0] = p[k:]
@@ -430,27 +440,13 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bo
 	return buf, len(buf), false
 }
 
-// writeMessage writes one client message. Its deadline is WriteTimeout
-// per 64 KiB fragment on transports that can tell (the WebSocket), so a
-// 256 KiB message to a slow but moving reader is never cut, and every
-// fragment the client accepts counts as progress for the slow-consumer
-// rule.
-func (s *stream) writeMessage(ctx context.Context, p []byte) error {
-	progress := func() {
-		now := time.Now().UnixNano()
-		s.lastProgress.Store(now)
-		s.lastActive.Store(now)
-	}
-	if pw, ok := s.conn.(msgconn.ProgressWriter); ok {
-		return pw.WriteProgress(ctx, msgconn.Binary, p, s.b.cfg.WriteTimeout, progress)
-	}
-	wctx, cancel := context.WithTimeout(ctx, s.b.cfg.WriteTimeout)
-	err := s.conn.Write(wctx, msgconn.Binary, p)
-	cancel()
-	if err == nil {
-		progress()
-	}
-	return err
+// madeProgress (the writer's, after each fragment the client accepted;
+// the gate bounds each by WriteTimeout, so a 256 KiB message to a slow but
+// moving reader is never cut) counts for the slow-consumer rule.
+func (s *stream) madeProgress() {
+	now := time.Now().UnixNano()
+	s.lastProgress.Store(now)
+	s.lastActive.Store(now)
 }
 
 func (s *stream) finish(ctx context.Context, e streamEnd) {

@@ -1,0 +1,89 @@
+package msgconn
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+)
+
+// A gated write to a peer that stopped reading is cut once it runs past
+// its timeout (the socket closes, as under a context that ended), while a
+// socket that was idle far longer than the timeout between two writes is
+// not: the watch only times writes in progress. Real WebSockets on
+// 127.0.0.1.
+func TestWriteGateTimesOnlyWritesInProgress(t *testing.T) {
+	client, server := pair(t)
+	peer, w := FromWebSocket(client, "server"), FromWebSocket(server, "client")
+	g := NewWriteGate(w)
+	const timeout = 500 * time.Millisecond
+	msg := []byte("small")
+	for range 2 {
+		if err := g.Write(Binary, msg, timeout, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, got, err := peer.Read(testCtx(t)); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("peer read %q, %v", got, err)
+		}
+		time.Sleep(2 * timeout) // idle: past any deadline the watch saw
+	}
+	// The peer reads no more: 32 MiB fill both socket buffers and stall.
+	done := make(chan error, 1)
+	progressed := 0
+	go func() { done <- g.Write(Binary, make([]byte, 32<<20), timeout, func() { progressed++ }) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a write the peer never read returned no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a write the peer never read was never cut")
+	}
+	if progressed == 0 {
+		t.Error("no fragment reported progress before the write stalled")
+	}
+	if err := g.Write(Binary, msg, timeout, nil); err == nil {
+		t.Fatal("a write after the socket was cut succeeded")
+	}
+}
+
+// Cut ends a gated write that is stuck (the socket is cut) and every later
+// one; a write after Cut fails at once. Both transports.
+func TestWriteGateCut(t *testing.T) {
+	forEachConnType(t, func(t *testing.T, a, b Conn) {
+		if p, ok := a.(*PipeConn); ok {
+			p.SetCutOnCancel(true)
+		}
+		g := NewWriteGate(a)
+		done := make(chan error, 1)
+		go func() {
+			for {
+				// Nobody reads b: the writes stall once its buffers are full.
+				if err := g.Write(Binary, make([]byte, 64<<10), time.Minute, nil); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		time.Sleep(100 * time.Millisecond)
+		g.Cut()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Cut did not end the stuck write")
+		}
+		if err := g.Write(Binary, []byte("x"), time.Minute, nil); err == nil {
+			t.Fatal("a write after Cut succeeded")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for {
+			if _, _, err := b.Read(ctx); err != nil {
+				if ctx.Err() != nil {
+					t.Fatal("the peer never saw the socket end")
+				}
+				return
+			}
+		}
+	})
+}

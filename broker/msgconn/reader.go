@@ -36,9 +36,17 @@ const classes = 7 // 32 KiB … 2 MiB
 
 var pools [classes]sync.Pool
 
+// classSlack is what a new buffer holds beyond its class's smallest size.
+// Reach messages are mostly a power-of-two payload plus a frame header
+// (a 64 KiB DATA chunk, a 256 KiB client message read with the broker's
+// headroom): without it, each such message in a fresh buffer regrew it
+// (copied it) to the next size, and readAll grows a buffer that is full
+// before it has seen the message end, even when nothing more comes.
+const classSlack = 1 << 10
+
 func init() {
 	for i := range pools {
-		size := initialSize << i
+		size := initialSize<<i + classSlack
 		pools[i].New = func() any {
 			b := make([]byte, 0, size)
 			return &b

@@ -49,6 +49,11 @@ const readQueueMessages = 8
 // per MiB is the same from 64 KiB up (docs/decisions.md).
 const writeQueueBytes = 128 << 10
 
+// directWriteBytes is the largest Write sent by the caller itself when
+// nothing is queued or being sent; larger ones (an inner TLS record of
+// a bulk transfer) go through the queue, where they coalesce.
+const directWriteBytes = 4 << 10
+
 // closeFlushTimeout bounds how long Close waits for queued bytes to leave
 // (a broker that stopped reading); then the stream is cut.
 const closeFlushTimeout = 5 * time.Second

@@ -103,6 +103,7 @@ type Conn struct {
 	q          *[]byte
 	werr       error         // the writer failed: the stream is unusable
 	closing    bool          // Close stopped new Writes
+	sending    bool          // a message is being written (by the writer or a small Write)
 	wready     chan struct{} // capacity 1: bytes were queued
 	wspace     chan struct{} // capacity 1: the writer took the queue
 	stopWriter chan struct{} // closed by Close: drain the queue and end
@@ -304,6 +305,23 @@ func (c *Conn) Write(p []byte) (int, error) {
 		case len(p) == 0:
 			c.qmu.Unlock()
 			return n, nil
+		case c.q == nil && !c.sending && len(p) <= directWriteBytes:
+			// A small write with nothing queued or in flight (a message
+			// of an interactive exchange) is sent by the caller: no
+			// hand-off to the writer on the round trip.
+			c.sending = true
+			c.qmu.Unlock()
+			err := c.send(p)
+			c.qmu.Lock()
+			c.sending = false
+			if err != nil && c.werr == nil {
+				c.werr = err
+			}
+			c.qmu.Unlock()
+			if err != nil {
+				return n, err
+			}
+			return n + len(p), nil
 		}
 		if room := writeQueueBytes - c.queued(); room > 0 {
 			if c.q == nil {
@@ -354,6 +372,7 @@ func (c *Conn) writeLoop() {
 		c.qmu.Lock()
 		q := c.q
 		c.q = nil
+		c.sending = q != nil
 		closing, failed := c.closing, c.werr != nil
 		c.qmu.Unlock()
 		if q == nil {
@@ -369,9 +388,14 @@ func (c *Conn) writeLoop() {
 		signal(c.wspace)
 		err := c.send(*q)
 		putQueue(q)
+		c.qmu.Lock()
+		c.sending = false
+		c.qmu.Unlock()
 		if err != nil {
 			c.qmu.Lock()
-			c.werr = err
+			if c.werr == nil {
+				c.werr = err
+			}
 			c.qmu.Unlock()
 			signal(c.wspace) // a waiting Write returns the error
 			return

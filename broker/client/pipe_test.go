@@ -70,13 +70,14 @@ func TestPipeConnBytesBothWays(t *testing.T) {
 }
 
 // TestPipeConnWritesCoalesce: bytes written while the socket is busy leave
-// together. An inner TLS connection writes every record (at most 16 KiB)
+// together (writes above directWriteBytes; a small one with nothing queued
+// is sent at once by the caller). An inner TLS connection writes every record (at most 16 KiB)
 // with its own Write; one message (and one write(2)) per record was most
 // of the client's CPU per byte on an upload.
 func TestPipeConnWritesCoalesce(t *testing.T) {
 	c, broker := pipeConn(t, nil)
 	ctx := pipeCtx(t)
-	const writes, size = 64, 1 << 10
+	const writes, size = 64, 16 << 10 // an inner TLS record's plaintext
 	var want []byte
 	done := make(chan error, 1)
 	go func() {

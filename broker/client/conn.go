@@ -323,7 +323,17 @@ func (c *Conn) Write(p []byte) (int, error) {
 			}
 			return n + len(p), nil
 		}
-		if room := writeQueueBytes - c.queued(); room > 0 {
+		// A p that fits in one message is queued whole: cut at the end of
+		// a full queue, an inner TLS record left a tail of a few hundred
+		// bytes that went out as a message of its own, and a broker or
+		// connector reading 128 KiB and 200 B messages in turn sized each
+		// large message's buffer after the small one before it (the
+		// broker's and the front's CPU per MiB on an upload doubled).
+		room := writeQueueBytes - c.queued()
+		if len(p) <= writeQueueBytes && len(p) > room {
+			room = 0
+		}
+		if room > 0 {
 			if c.q == nil {
 				c.q = queuePool.Get().(*[]byte)
 			}

@@ -68,6 +68,12 @@ type session struct {
 	// before the session starts, then read-only); dialect parses frames.
 	credit  bool
 	dialect wire.Dialect
+	// grantEvery is how many drained bytes a stream grants back at once
+	// while the broker still holds at least that much credit: an eighth of
+	// the stream buffer (the window granted at open), not the protocol's
+	// 64 KiB minimum, which cost the front and the broker a WINDOW message
+	// and a write(2) per 64 KiB of an upload.
+	grantEvery int
 }
 
 // pendingReply is one control frame waiting for its reply. The broker
@@ -103,6 +109,8 @@ func newSession(c *Connector, ws msgconn.Conn, connID wire.ID, credit bool) *ses
 		done:    make(chan struct{}),
 		streams: map[wire.ID]*stream{},
 		closed:  newIDRing(c.cfg.MaxClosedIDs),
+
+		grantEvery: max(wire.GrantThreshold, c.cfg.StreamBufferBytes/8),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s

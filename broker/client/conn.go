@@ -64,18 +64,22 @@ func closeError(err error) error {
 
 // Conn is one matched broker stream as a net.Conn of raw bytes.
 //
-//   - Write sends binary messages of at most 1 MiB; larger buffers are
-//     split. A write deadline that fires in the middle of a message ends
-//     the stream (a partial WebSocket message cannot be resumed), like a
-//     timed-out write on a tls.Conn.
+//   - Write queues bytes for a background writer, which sends what is
+//     queued as binary messages of at most 128 KiB (writeQueueBytes), so
+//     the records of an inner TLS connection leave together; Write waits
+//     only while the queue is full, and a failed send is reported by the
+//     next Write. A write deadline that fires in the middle of a message
+//     ends the stream (a partial WebSocket message cannot be resumed),
+//     like a timed-out write on a tls.Conn.
 //   - Read returns io.EOF after the broker's close 1000 (the host sent
 //     CLOSE), a *CloseError for any other close code, a *wire.Error when the
 //     broker sent an `error` first, and an error wrapping ErrConnectionLost
 //     when the connection broke without a close.
 //   - A background reader keeps reading the socket (so pings are answered
 //     while the caller does something else) into a bounded queue.
-//   - Close ends the stream with close 1000; the broker then sends CLOSE to
-//     the host. There is no half-close: the protocol has none.
+//   - Close sends what was queued (for at most 5 s), then ends the stream
+//     with close 1000; the broker then sends CLOSE to the host. There is
+//     no half-close: the protocol has none.
 type Conn struct {
 	ws       msgconn.Conn
 	streamID wire.ID
@@ -88,11 +92,22 @@ type Conn struct {
 	readerDone chan struct{} // closed when readLoop returned
 	lost       atomic.Pointer[error]
 
-	rmu sync.Mutex // serializes Read; guards cur
-	cur []byte
+	rmu    sync.Mutex // serializes Read; guards cur and curBuf
+	cur    []byte
+	curBuf []byte // the whole buffer cur is the rest of, when taken from the reader (recycled once read)
 
-	wmu  sync.Mutex // serializes Write; guards werr
-	werr error
+	wmu sync.Mutex // serializes Write
+	// The write queue (see Write and writeLoop), guarded by qmu: q is
+	// pooled and nil while empty, so an idle stream holds no buffer.
+	qmu        sync.Mutex
+	q          *[]byte
+	werr       error         // the writer failed: the stream is unusable
+	closing    bool          // Close stopped new Writes
+	sending    bool          // a message is being written (by the writer or a small Write)
+	wready     chan struct{} // capacity 1: bytes were queued
+	wspace     chan struct{} // capacity 1: the writer took the queue
+	stopWriter chan struct{} // closed by Close: drain the queue and end
+	writerDone chan struct{}
 
 	rdl, wdl *msgconn.Deadline
 
@@ -121,6 +136,10 @@ func newConn(ws msgconn.Conn, sid wire.ID, local, remote net.Addr, cfg Config, l
 		wdl:        msgconn.NewDeadline(),
 		closed:     make(chan struct{}),
 		kaDone:     make(chan struct{}),
+		wready:     make(chan struct{}, 1),
+		wspace:     make(chan struct{}, 1),
+		stopWriter: make(chan struct{}),
+		writerDone: make(chan struct{}),
 		pingEvery:  cfg.PingInterval,
 		pongWithin: cfg.PongTimeout,
 	}
@@ -132,6 +151,7 @@ func newConn(ws msgconn.Conn, sid wire.ID, local, remote net.Addr, cfg Config, l
 	}
 	c.writeCtx, c.cancelAll = context.WithCancel(context.Background())
 	go c.readLoop()
+	go c.writeLoop()
 	go c.keepalive()
 	return c
 }
@@ -152,11 +172,16 @@ func (c *Conn) readLoop() {
 	defer close(c.readerDone)
 	defer close(c.msgs)
 	var brokerErr error // an `error` message announcing the close
-	// Each message is lent until the next one: only a copy of the bytes
-	// is queued for Read.
+	// Each message is lent until the next one: a large message's buffer is
+	// taken over and queued as it is (Read recycles it once read); a small
+	// one, or one a transport only lends, is copied. A copy of every
+	// message (a fresh slice of up to 256 KiB each time) was, with the GC
+	// and page faults it caused, about a third of the client's CPU on a
+	// download through the broker.
 	if w, ok := c.ws.(*msgconn.WebSocket); ok {
 		defer w.Release()
 	}
+	owner, _ := c.ws.(msgconn.Owner)
 	for {
 		typ, data, err := c.ws.Read(context.Background()) // bounded by SetReadLimit
 		if err != nil {
@@ -176,9 +201,16 @@ func (c *Conn) readLoop() {
 		if len(data) == 0 {
 			continue
 		}
+		var m []byte
+		if owner != nil {
+			m = owner.Take() // no headroom: the message fills it from the start
+		}
+		if m == nil {
+			m = bytes.Clone(data)
+		}
 		c.pause.Enter()
 		select {
-		case c.msgs <- bytes.Clone(data):
+		case c.msgs <- m:
 			c.pause.Leave()
 		case <-c.closed:
 			c.pause.Leave()
@@ -226,7 +258,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 			if !ok {
 				return 0, c.readErr
 			}
-			c.cur = m
+			c.cur, c.curBuf = m, m
 		case <-c.closed:
 			return 0, net.ErrClosed
 		case <-c.rdl.Wait():
@@ -235,23 +267,156 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	n := copy(p, c.cur)
 	c.cur = c.cur[n:]
+	if len(c.cur) == 0 && c.curBuf != nil {
+		msgconn.Recycle(c.curBuf)
+		c.cur, c.curBuf = nil, nil
+	}
 	return n, nil
 }
 
-// Write sends p as binary messages of at most 1 MiB each.
+// Write queues p for the writer goroutine and returns once all of it is
+// queued (it waits only while the queue is full). Bytes queued while the
+// writer is busy leave together, as one binary message of at most 1 MiB:
+// an inner TLS connection writes each record of at most 16 KiB with its
+// own Write, and as one message and one write(2) each they were most of
+// the client's CPU per byte on an upload through the broker. A failed
+// send is reported by the next Write (and ends the stream, as before).
 func (c *Conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	select {
-	case <-c.closed:
-		return 0, net.ErrClosed
-	case <-c.wdl.Wait():
-		return 0, os.ErrDeadlineExceeded
-	default:
+	n := 0
+	for {
+		select {
+		case <-c.closed:
+			return n, net.ErrClosed
+		case <-c.wdl.Wait():
+			return n, os.ErrDeadlineExceeded
+		default:
+		}
+		c.qmu.Lock()
+		switch {
+		case c.werr != nil:
+			err := c.werr
+			c.qmu.Unlock()
+			return n, err
+		case c.closing:
+			c.qmu.Unlock()
+			return n, net.ErrClosed
+		case len(p) == 0:
+			c.qmu.Unlock()
+			return n, nil
+		case c.q == nil && !c.sending && len(p) <= directWriteBytes:
+			// A small write with nothing queued or in flight (a message
+			// of an interactive exchange) is sent by the caller: no
+			// hand-off to the writer on the round trip.
+			c.sending = true
+			c.qmu.Unlock()
+			err := c.send(p)
+			c.qmu.Lock()
+			c.sending = false
+			if err != nil && c.werr == nil {
+				c.werr = err
+			}
+			c.qmu.Unlock()
+			if err != nil {
+				return n, err
+			}
+			return n + len(p), nil
+		}
+		// A p that fits in one message is queued whole: cut at the end of
+		// a full queue, an inner TLS record left a tail of a few hundred
+		// bytes that went out as a message of its own, and a broker or
+		// connector reading 128 KiB and 200 B messages in turn sized each
+		// large message's buffer after the small one before it (the
+		// broker's and the front's CPU per MiB on an upload doubled).
+		room := writeQueueBytes - c.queued()
+		if len(p) <= writeQueueBytes && len(p) > room {
+			room = 0
+		}
+		if room > 0 {
+			if c.q == nil {
+				c.q = queuePool.Get().(*[]byte)
+			}
+			k := min(room, len(p))
+			*c.q = append(*c.q, p[:k]...)
+			p, n = p[k:], n+k
+			c.qmu.Unlock()
+			signal(c.wready)
+			continue
+		}
+		c.qmu.Unlock()
+		select {
+		case <-c.wspace:
+		case <-c.closed:
+		case <-c.wdl.Wait():
+		case <-c.writerDone:
+		}
 	}
-	if c.werr != nil {
-		return 0, c.werr
+}
+
+// queuePool holds write queues, one per stream while it has bytes queued.
+var queuePool = sync.Pool{New: func() any {
+	b := make([]byte, 0, writeQueueBytes)
+	return &b
+}}
+
+func putQueue(q *[]byte) {
+	*q = (*q)[:0]
+	queuePool.Put(q)
+}
+
+// queued is the number of bytes waiting for the writer (c.qmu held).
+func (c *Conn) queued() int {
+	if c.q == nil {
+		return 0
 	}
+	return len(*c.q)
+}
+
+// writeLoop is the only writer of stream bytes: it takes whatever is
+// queued and sends it as one message. It ends once Close has let it drain
+// the queue (or cut it), or a send failed.
+func (c *Conn) writeLoop() {
+	defer close(c.writerDone)
+	for {
+		c.qmu.Lock()
+		q := c.q
+		c.q = nil
+		c.sending = q != nil
+		closing, failed := c.closing, c.werr != nil
+		c.qmu.Unlock()
+		if q == nil {
+			if closing || failed {
+				return
+			}
+			select {
+			case <-c.wready:
+			case <-c.stopWriter:
+			}
+			continue
+		}
+		signal(c.wspace)
+		err := c.send(*q)
+		putQueue(q)
+		c.qmu.Lock()
+		c.sending = false
+		c.qmu.Unlock()
+		if err != nil {
+			c.qmu.Lock()
+			if c.werr == nil {
+				c.werr = err
+			}
+			c.qmu.Unlock()
+			signal(c.wspace) // a waiting Write returns the error
+			return
+		}
+	}
+}
+
+// send writes b as one binary message (b is at most writeQueueBytes, the
+// 1 MiB message limit). A write deadline set by the caller that fires
+// during the message ends the stream: a partial message cannot be resumed.
+func (c *Conn) send(b []byte) error {
 	ctx := c.writeCtx
 	if c.wdl.IsSet() {
 		var cancel context.CancelFunc
@@ -268,42 +433,55 @@ func (c *Conn) Write(p []byte) (int, error) {
 	}
 	c.pause.Enter()
 	defer c.pause.Leave()
-	n := 0
-	for len(p) > 0 {
-		chunk := p[:min(len(p), wire.MaxClientFrame)]
-		if err := c.ws.Write(ctx, msgconn.Binary, chunk); err != nil {
-			switch {
-			case isClosed(c.closed):
-				c.werr = net.ErrClosed
-			case isClosed(c.wdl.Wait()):
-				c.werr = os.ErrDeadlineExceeded
-			case isClosed(c.readerDone) && c.readErr == io.EOF:
-				c.werr = fmt.Errorf("reach: the host ended the stream: %w", io.ErrClosedPipe)
-			case isClosed(c.readerDone):
-				c.werr = c.readErr
-			default:
-				c.werr = fmt.Errorf("%w: write: %v", ErrConnectionLost, err)
-			}
-			return n, c.werr
-		}
-		n += len(chunk)
-		p = p[len(chunk):]
+	err := c.ws.Write(ctx, msgconn.Binary, b)
+	if err == nil {
+		return nil
 	}
-	return n, nil
+	switch {
+	case isClosed(c.closed):
+		return net.ErrClosed
+	case isClosed(c.wdl.Wait()):
+		return os.ErrDeadlineExceeded
+	case isClosed(c.readerDone) && c.readErr == io.EOF:
+		return fmt.Errorf("reach: the host ended the stream: %w", io.ErrClosedPipe)
+	case isClosed(c.readerDone):
+		return c.readErr
+	default:
+		return fmt.Errorf("%w: write: %v", ErrConnectionLost, err)
+	}
 }
 
-// Close ends the stream with close 1000 and waits for the background
-// goroutines. A second Close returns net.ErrClosed.
+// flush stops new Writes and waits until the writer has sent what was
+// queued, or failed, for at most closeFlushTimeout.
+func (c *Conn) flush() {
+	c.qmu.Lock()
+	c.closing = true
+	c.qmu.Unlock()
+	close(c.stopWriter)
+	signal(c.wspace) // a Write waiting for room returns net.ErrClosed
+	t := time.NewTimer(closeFlushTimeout)
+	defer t.Stop()
+	select {
+	case <-c.writerDone:
+	case <-t.C:
+	}
+}
+
+// Close sends what Write queued (for at most closeFlushTimeout), ends
+// the stream with close 1000 and waits for the background goroutines. A
+// second Close returns net.ErrClosed.
 func (c *Conn) Close() error {
 	first := false
 	c.closeOnce.Do(func() {
 		first = true
+		c.flush()
 		close(c.closed)
 		c.cancelAll() // a Write blocked on a stalled broker returns now
 		c.ws.Close(wire.CloseNormal, "")
 		c.ws.CloseNow() // no-op unless the handshake failed half-way
 		<-c.readerDone
 		<-c.kaDone
+		<-c.writerDone
 	})
 	if !first {
 		return net.ErrClosed
@@ -337,6 +515,14 @@ func (c *Conn) keepalive() {
 			c.ws.CloseNow()
 		},
 	}.Run(c.writeCtx)
+}
+
+// signal wakes the waiter of a capacity-1 channel without blocking.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 func isClosed(ch <-chan struct{}) bool {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -48,13 +49,116 @@ func TestPipeConnBytesBothWays(t *testing.T) {
 	if err != nil || string(got) != "firstsecondthird" {
 		t.Fatalf("read %q, %v", got, err)
 	}
-	big := bytes.Repeat([]byte{7}, wire.MaxClientFrame+10)
+	// A Write above the message size leaves as several binary messages,
+	// none above writeQueueBytes (below the 1 MiB limit), in order.
+	big := make([]byte, wire.MaxClientFrame+10)
+	for i := range big {
+		big[i] = byte(i % 251)
+	}
 	go c.Write(big)
-	for want := []int{wire.MaxClientFrame, 10}; len(want) > 0; want = want[1:] {
+	var got2 []byte
+	for len(got2) < len(big) {
 		typ, data, err := broker.Read(ctx)
-		if err != nil || typ != msgconn.Binary || len(data) != want[0] {
-			t.Fatalf("broker got %v %d bytes, %v; want %d", typ, len(data), err, want[0])
+		if err != nil || typ != msgconn.Binary || len(data) == 0 || len(data) > writeQueueBytes {
+			t.Fatalf("broker got %v %d bytes, %v; want a binary message of 1..%d", typ, len(data), err, writeQueueBytes)
 		}
+		got2 = append(got2, data...)
+	}
+	if !bytes.Equal(got2, big) {
+		t.Fatal("the broker got other bytes than were written")
+	}
+}
+
+// TestPipeConnWritesCoalesce: bytes written while the socket is busy leave
+// together (writes above directWriteBytes; a small one with nothing queued
+// is sent at once by the caller). An inner TLS connection writes every record (at most 16 KiB)
+// with its own Write; one message (and one write(2)) per record was most
+// of the client's CPU per byte on an upload.
+func TestPipeConnWritesCoalesce(t *testing.T) {
+	c, broker := pipeConn(t, nil)
+	ctx := pipeCtx(t)
+	const writes, size = 64, 16 << 10 // an inner TLS record's plaintext
+	var want []byte
+	done := make(chan error, 1)
+	go func() {
+		// The broker does not read yet: the pipe takes a few messages,
+		// then the socket is busy and the rest waits in the queue.
+		for i := range writes {
+			p := bytes.Repeat([]byte{byte(i)}, size)
+			if _, err := c.Write(p); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for i := range writes {
+		want = append(want, bytes.Repeat([]byte{byte(i)}, size)...)
+	}
+	time.Sleep(100 * time.Millisecond) // let the writes pile up (no timing is asserted)
+	var got []byte
+	msgs := 0
+	for len(got) < len(want) {
+		typ, data, err := broker.Read(ctx)
+		if err != nil || typ != msgconn.Binary {
+			t.Fatalf("broker got %v, %v after %d bytes", typ, err, len(got))
+		}
+		got = append(got, data...)
+		msgs++
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the bytes arrived changed or out of order")
+	}
+	if msgs > writes/4 {
+		t.Fatalf("%d Writes of %d bytes left as %d messages; want them coalesced while the socket was busy", writes, size, msgs)
+	}
+}
+
+// TestPipeConnCloseSendsQueued: Close sends what Write already accepted
+// before the close 1000, even when the broker is slow to read.
+func TestPipeConnCloseSendsQueued(t *testing.T) {
+	c, broker := pipeConn(t, nil)
+	ctx := pipeCtx(t)
+	want := make([]byte, 3*writeQueueBytes/2)
+	for i := range want {
+		want[i] = byte(i % 253)
+	}
+	closed := make(chan error, 1)
+	go func() {
+		for p := want; len(p) > 0; p = p[min(len(p), 1000):] {
+			if _, err := c.Write(p[:min(len(p), 1000)]); err != nil {
+				closed <- err
+				return
+			}
+		}
+		closed <- c.Close()
+	}()
+	time.Sleep(50 * time.Millisecond) // the broker starts reading late (no timing is asserted)
+	var got []byte
+	for {
+		typ, data, err := broker.Read(ctx)
+		if err != nil {
+			if msgconn.CloseStatus(err) != wire.CloseNormal {
+				t.Fatalf("broker got %v after %d bytes", err, len(got))
+			}
+			break
+		}
+		if typ != msgconn.Binary {
+			t.Fatalf("broker got a %v message", typ)
+		}
+		got = append(got, data...)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the broker got %d of %d bytes before the close, or other bytes", len(got), len(want))
+	}
+	if _, err := c.Write([]byte("late")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close: %v", err)
 	}
 }
 

@@ -281,3 +281,43 @@ func TestCreditDataLeavesBeforeTheWindowIsUsedUp(t *testing.T) {
 		t.Fatalf("batches %v carry %d bytes of DATA, want the window, %d", batches, sum, wire.InitialWindow)
 	}
 }
+
+// TestCreditGrantsInLargeSteps: a front reading a bulk stream in small
+// pieces grants the broker's credit back in eighths of its stream buffer
+// (256 KiB by default), not in the protocol's 64 KiB minimum steps: a
+// WINDOW per 64 KiB was a message and a write(2) for the front and the
+// broker on every 64 KiB of an upload.
+func TestCreditGrantsInLargeSteps(t *testing.T) {
+	c, h := creditFake(t, nil)
+	if typ, _, err := rawRead(t, h, step); err != nil || typ != websocket.MessageText {
+		t.Fatalf("first message %v %v", typ, err)
+	}
+	id := wire.NewID()
+	h.Open(id)
+	st := accept(t, c)
+	if f := rawFrame(t, h); f.Flags != wire.FlagWindow || int(f.Increment()) != 2<<20-wire.InitialWindow {
+		t.Fatalf("at open: flags %d, increment %d", f.Flags, f.Increment())
+	}
+	const total = 1 << 20
+	for i := 0; i < total/(64<<10); i++ {
+		h.Data(id, make([]byte, 64<<10))
+	}
+	buf := make([]byte, 64<<10)
+	for read := 0; read < total; read += len(buf) {
+		if _, err := io.ReadFull(st, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	granted, windows := 0, 0
+	for granted < total {
+		f := rawFrame(t, h)
+		if f.Flags != wire.FlagWindow || f.StreamID != id {
+			t.Fatalf("expected WINDOW, got flags %d", f.Flags)
+		}
+		granted += int(f.Increment())
+		windows++
+	}
+	if granted != total || windows > total/(256<<10) {
+		t.Fatalf("1 MiB read in 64 KiB pieces came back as %d WINDOW frames granting %d bytes; want at most %d", windows, granted, total/(256<<10))
+	}
+}

@@ -102,7 +102,9 @@ func (st *stream) Read(p []byte) (int, error) {
 			var grant uint32
 			if st.credit {
 				st.recv.Consumed(n)
-				grant = st.recv.Due(wire.MaxWindow)
+				if r := &st.recv; r.Pending() >= int64(st.s.grantEvery) || r.Credit() < st.s.grantEvery {
+					grant = r.Due(wire.MaxWindow)
+				}
 			}
 			st.mu.Unlock()
 			signal(st.space)

@@ -36,9 +36,17 @@ const classes = 7 // 32 KiB … 2 MiB
 
 var pools [classes]sync.Pool
 
+// classSlack is what a new buffer holds beyond its class's smallest size.
+// Reach messages are mostly a power-of-two payload plus a frame header
+// (a 64 KiB DATA chunk, a 256 KiB client message read with the broker's
+// headroom): without it, each such message in a fresh buffer regrew it
+// (copied it) to the next size, and readAll grows a buffer that is full
+// before it has seen the message end, even when nothing more comes.
+const classSlack = 1 << 10
+
 func init() {
 	for i := range pools {
-		size := initialSize << i
+		size := initialSize<<i + classSlack
 		pools[i].New = func() any {
 			b := make([]byte, 0, size)
 			return &b
@@ -75,6 +83,7 @@ type Reader struct {
 	n        int // bytes of *held in use: headroom + the message
 	headroom int
 	last     int // bytes the last message needed: the next one is likely alike
+	prev     int // and the one before: a small message between two large ones does not shrink the next buffer
 }
 
 // SetHeadroom keeps n bytes free in front of every later message in its
@@ -93,14 +102,23 @@ func (r *Reader) Read(ctx context.Context, c *websocket.Conn) (websocket.Message
 	if err != nil {
 		return 0, nil, err
 	}
-	bp := pools[classFor(r.last)].Get().(*[]byte)
+	want := max(r.last, r.prev)
+	bp := pools[classFor(want)].Get().(*[]byte)
+	if cap(*bp) <= want {
+		// Too small for the messages this connection reads: regrown by
+		// readAll, it went back to a larger class, and a message just
+		// below a class's top (7 inner TLS records, 112 KiB) regrew a
+		// fresh buffer every time. One sized for them stays in this class.
+		b := make([]byte, 0, want+classSlack)
+		bp = &b
+	}
 	buf, err := readAll(rd, (*bp)[:r.headroom])
 	*bp = buf[:0]
 	if err != nil {
 		putBuf(bp)
 		return 0, nil, err
 	}
-	r.held, r.n, r.last = bp, len(buf), len(buf)
+	r.held, r.n, r.last, r.prev = bp, len(buf), len(buf), r.last
 	return typ, buf[r.headroom:], nil
 }
 

@@ -40,8 +40,10 @@ func TestServeHTTP3OnTheSameAddress(t *testing.T) {
 		}
 		tr := &http3.Transport{TLSClientConfig: tc}
 		t.Cleanup(func() { tr.Close() })
+		// The request's context must outlive get: its body is read after,
+		// and a cancelled context resets the stream (H3_REQUEST_CANCELLED).
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+		t.Cleanup(cancel)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+d.addr+"/relay/health", nil)
 		return tr.RoundTrip(req)
 	}
@@ -49,10 +51,10 @@ func TestServeHTTP3OnTheSameAddress(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pinned HTTP/3 GET: %v; stderr: %s", err, d.stderr.String())
 	}
-	body, _ := io.ReadAll(r3.Body)
+	body, rerr := io.ReadAll(r3.Body)
 	r3.Body.Close()
 	if r3.Proto != "HTTP/3.0" || r3.StatusCode != 200 || !strings.Contains(string(body), `"hermes_secure_proxy"`) {
-		t.Fatalf("HTTP/3 answer %s %d %s", r3.Proto, r3.StatusCode, body)
+		t.Fatalf("HTTP/3 answer %s %d %s (read: %v, header %v)", r3.Proto, r3.StatusCode, body, rerr, r3.Header)
 	}
 	if r3.Header.Get("Alt-Svc") != "" {
 		t.Errorf("HTTP/3 response advertises Alt-Svc %q", r3.Header.Get("Alt-Svc"))

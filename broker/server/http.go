@@ -86,11 +86,13 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 }
 
 // socketReadBuffer is the read buffer an upgraded socket keeps for its
-// life. The WebSocket library reads frame headers through it and larger
-// payload reads bypass it; below it, crypto/tls holds the decrypted record
-// anyway, so a small one costs a few more calls into tls, not syscalls.
-// net/http's is 4 KiB, per socket, idle or not.
-const socketReadBuffer = 512
+// life. The WebSocket library reads frame headers through it and payload
+// reads as large as it bypass it; below it, crypto/tls holds the decrypted
+// record anyway, so a small one costs a call into tls per message above
+// it, never a syscall. 128 bytes hold a ping, a pong or a close frame and
+// a 64-byte message with their headers; net/http's is 4 KiB, per socket,
+// idle or not.
+const socketReadBuffer = 128
 
 // socketWriteBuffer is the write buffer an upgraded socket with a
 // BatchConn under its TLS keeps for its life, in place of net/http's

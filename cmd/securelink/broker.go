@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -113,6 +114,9 @@ func runBroker(ctx context.Context, path string) error {
 	cfg, err := server.LoadConfig(path)
 	if err != nil {
 		return err
+	}
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(server.GCPercent)
 	}
 	fmt.Fprintf(os.Stderr, "securelink: broker config %s, hosts file %s, state file %s\n", path, cfg.HostsFile, cfg.StateFile)
 	log := buildLogger(cfg.LogLevel, cfg.LogFormat)

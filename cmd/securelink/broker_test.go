@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -252,6 +254,35 @@ func readBrokerMsg(t *testing.T, ctx context.Context, c *websocket.Conn) wire.Me
 // `broker doctor` judges the running broker's own descriptors: fine as
 // started, FAIL once its soft limit is lowered (prlimit(2) on the running
 // process) to what it holds.
+// The broker's collector runs at server.GCPercent unless GOGC says
+// otherwise (issue 15: most of an idle socket's RSS was GC headroom).
+// go_gc_gogc_percent on its /metrics is the runtime's own setting.
+func TestBrokerServeSetsItsGCPercent(t *testing.T) {
+	for _, tc := range []struct{ gogc, want string }{{"", strconv.Itoa(server.GCPercent)}, {"80", "80"}} {
+		t.Setenv("GOGC", tc.gogc)
+		dir := t.TempDir()
+		os.Chmod(dir, 0o700)
+		maddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		cfg := writeBrokerConfig(t, dir, fmt.Sprintf("listen: \"127.0.0.1:%d\"\ninsecure_plaintext: true\nmetrics: {listen: %q}\n", freePort(t), maddr))
+		addHost(t, cfg)
+		cmd, _, _ := startLineProc(t, "broker listening ", "broker", "serve", "--config", cfg)
+		var got string
+		eventually(t, 10*time.Second, func() string { return "go_gc_gogc_percent " + got }, func() bool {
+			for _, l := range strings.Split(scrapeText(t, maddr), "\n") {
+				if v, ok := strings.CutPrefix(l, "go_gc_gogc_percent "); ok {
+					got = v
+				}
+			}
+			return got != ""
+		})
+		if got != tc.want {
+			t.Errorf("GOGC=%q: the broker runs at go_gc_gogc_percent %s, want %s", tc.gogc, got, tc.want)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+}
+
 func TestBrokerDoctorReadsTheRunningBroker(t *testing.T) {
 	dir := t.TempDir()
 	os.Chmod(dir, 0o700)

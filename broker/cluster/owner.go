@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -199,6 +200,12 @@ func (o *Owners) renew(ctx context.Context) {
 	}
 }
 
+// renewParallel bounds the lease writes in flight in one renewal round:
+// one at a time, a round over 10,000 hosts at the engine's ~0.3-1 ms per
+// write on loopback (more across machines) takes most of the OwnerTTL/3
+// between rounds, and a lease renewed late expires.
+const renewParallel = 32
+
 func (o *Owners) renewOnce(ctx context.Context) {
 	o.mu.Lock()
 	held := make(map[wire.ID]lease, len(o.held))
@@ -206,50 +213,68 @@ func (o *Owners) renewOnce(ctx context.Context) {
 		held[h] = l
 	}
 	o.mu.Unlock()
-	engineOut := false
+	var engineOut atomic.Bool
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, renewParallel)
 	for h, l := range held {
 		if l.writing {
 			continue
 		}
-		var err error
-		var rev uint64
-		issued := time.Now()
-		if !engineOut {
+		if engineOut.Load() {
+			o.settle(h, l, time.Time{}, 0, nil, false)
+			continue
+		}
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
 			// A lease whose first write failed is written afresh (rev 0);
 			// if a newer registration elsewhere is overwritten, that
 			// instance's next renewal sees it and closes its socket, and
 			// the host registers again: newest wins once more.
+			issued := time.Now()
 			wctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
-			rev, err = o.write(wctx, h, l.conn, l.rev)
+			rev, err := o.write(wctx, h, l.conn, l.rev)
 			cancel()
-		}
-		var api *jetstream.APIError
-		taken := err != nil && errors.As(err, &api) &&
-			(api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
-		if err != nil && !taken {
-			engineOut = true
-		}
-		var lost func(server.LeaseLoss)
-		why := server.LeaseTaken
-		o.mu.Lock()
-		cur, ok := o.held[h]
-		mine := ok && cur.conn == l.conn && cur.rev == l.rev
-		switch {
-		case !mine:
-		case err == nil && !engineOut:
-			cur.rev, cur.since = rev, issued
-			o.held[h] = cur
-		case taken:
-			delete(o.held, h) // another instance holds it now
-			lost = cur.lost
-		case time.Since(cur.since) >= o.opt.OwnerTTL:
-			delete(o.held, h)
-			lost, why = cur.lost, server.LeaseExpired
-		}
-		o.mu.Unlock()
-		if lost != nil {
-			lost(why)
-		}
+			if err != nil && !revisionChanged(err) {
+				engineOut.Store(true)
+			}
+			o.settle(h, l, issued, rev, err, true)
+		}()
+	}
+	wg.Wait()
+}
+
+func revisionChanged(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) &&
+		(api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// settle applies one renewal's outcome to lease l of host (wrote: a write
+// was made, issued at issued, giving rev or err) if l is still the held one,
+// and tells its registration when the lease is gone.
+func (o *Owners) settle(host wire.ID, l lease, issued time.Time, rev uint64, err error, wrote bool) {
+	var lost func(server.LeaseLoss)
+	why := server.LeaseTaken
+	o.mu.Lock()
+	cur, ok := o.held[host]
+	mine := ok && cur.conn == l.conn && cur.rev == l.rev
+	switch {
+	case !mine:
+	case wrote && err == nil:
+		cur.rev, cur.since = rev, issued
+		o.held[host] = cur
+	case wrote && revisionChanged(err):
+		delete(o.held, host) // another instance holds it now
+		lost = cur.lost
+	case time.Since(cur.since) >= o.opt.OwnerTTL:
+		delete(o.held, host)
+		lost, why = cur.lost, server.LeaseExpired
+	}
+	o.mu.Unlock()
+	if lost != nil {
+		lost(why)
 	}
 }
 

@@ -1,0 +1,146 @@
+package cluster
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hermes-securelink/securelink/broker/server"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// TestLeasesSurviveASlowEngineAtScale: many held leases behind an engine a
+// few milliseconds away (every byte to and from the NATS node is delayed)
+// are all renewed within their TTL. One write at a time, a round over 600
+// leases at ~4 ms each takes longer than the 3 s lease and the leases
+// expire under their hosts; the round keeps renewParallel writes in flight.
+func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
+	nc := startNATSCluster(t)
+	const delay = 2 * time.Millisecond // each way
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	st, err := Open(ctx, Options{
+		InstanceID: "b0", URLs: []string{"nats://" + delayProxy(t, nc.url(0)[len("nats://"):], delay)},
+		BucketPrefix: "reach", Replicas: 3, Timeout: 2 * time.Second,
+	})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ca := newPeerCA(t)
+	cert, key := ca.issue("b0")
+	const ttl = 3 * time.Second
+	ow, err := st.OpenOwners(context.Background(), PeerOptions{
+		Advertise: "127.0.0.1:1", CertFile: cert, KeyFile: key, CAFile: ca.CAFile, OwnerTTL: ttl,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ow.Close)
+
+	const leases = 600
+	hosts := make([]wire.ID, leases)
+	var lost atomic.Int64
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				if err := ow.Hold(context.Background(), hosts[i], wire.NewID(), func(server.LeaseLoss) { lost.Add(1) }); err != nil {
+					t.Errorf("hold %d: %v", i, err)
+				}
+			}
+		}()
+	}
+	for i := range hosts {
+		hosts[i] = wire.NewID()
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+
+	time.Sleep(3 * ttl)
+	if n := lost.Load(); n != 0 {
+		t.Fatalf("%d of %d leases lost in %v while their hosts stayed", n, leases, 3*ttl)
+	}
+	gctx, gcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer gcancel()
+	for _, h := range hosts[:50] {
+		if _, err := ow.owner.Get(gctx, ownerKey(h)); err != nil {
+			t.Fatalf("lease of %v not in the engine: %v", h, err)
+		}
+	}
+}
+
+// delayProxy relays TCP connections to target on 127.0.0.1, holding every
+// chunk d in each direction (order kept): an engine further away than
+// loopback.
+func delayProxy(t *testing.T, target string, d time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			go delayed(u, c, d)
+			go delayed(c, u, d)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func delayed(dst, src net.Conn, d time.Duration) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	ch := make(chan chunk, 4096)
+	go func() {
+		defer close(ch)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				ch <- chunk{buf[:n], time.Now().Add(d)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range ch {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			break
+		}
+	}
+	dst.Close()
+}

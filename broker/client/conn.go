@@ -276,7 +276,8 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 // Write queues p for the writer goroutine and returns once all of it is
 // queued (it waits only while the queue is full). Bytes queued while the
-// writer is busy leave together, as one binary message of at most 1 MiB:
+// writer is busy leave together, as one binary message of at most
+// writeQueueBytes (128 KiB):
 // an inner TLS connection writes each record of at most 16 KiB with its
 // own Write, and as one message and one write(2) each they were most of
 // the client's CPU per byte on an upload through the broker. A failed
@@ -413,8 +414,8 @@ func (c *Conn) writeLoop() {
 	}
 }
 
-// send writes b as one binary message (b is at most writeQueueBytes, the
-// 1 MiB message limit). A write deadline set by the caller that fires
+// send writes b as one binary message (b is at most writeQueueBytes,
+// below the 1 MiB message limit). A write deadline set by the caller that fires
 // during the message ends the stream: a partial message cannot be resumed.
 func (c *Conn) send(b []byte) error {
 	ctx := c.writeCtx

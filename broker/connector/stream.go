@@ -102,9 +102,7 @@ func (st *stream) Read(p []byte) (int, error) {
 			var grant uint32
 			if st.credit {
 				st.recv.Consumed(n)
-				if r := &st.recv; r.Pending() >= int64(st.s.grantEvery) || r.Credit() < st.s.grantEvery {
-					grant = r.Due(wire.MaxWindow)
-				}
+				grant = st.recv.DueEvery(st.s.grantEvery, wire.MaxWindow)
 			}
 			st.mu.Unlock()
 			signal(st.space)

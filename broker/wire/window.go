@@ -124,6 +124,18 @@ func (r *RecvWindow) Due(limit int64) uint32 {
 	return uint32(g)
 }
 
+// DueEvery is Due for a receiver that grants in steps of step bytes
+// (at least GrantThreshold): nothing while fewer are grantable and the
+// sender still holds at least step of credit, so a fast stream costs one
+// WINDOW per step, not per GrantThreshold, and a sender running low is
+// never left waiting on a step.
+func (r *RecvWindow) DueEvery(step int, limit int64) uint32 {
+	if r.unGranted < int64(step) && r.win.avail >= int64(step) {
+		return 0
+	}
+	return r.Due(limit)
+}
+
 // Widen grants n bytes of credit beyond what was drained, at once: for a
 // receiver whose buffer is larger than the initial window, so one stream
 // is not held to 256 KiB in flight (a bulk stream over a link with a few

@@ -110,6 +110,32 @@ func TestRecvWindowGrantsAsItDrains(t *testing.T) {
 	}
 }
 
+// A receiver granting in steps waits for a whole step while the sender
+// holds at least a step of credit, and grants what it has once the
+// sender runs lower.
+func TestRecvWindowDueEvery(t *testing.T) {
+	const step = 2 * GrantThreshold
+	r := NewRecvWindow()
+	if !r.Receive(InitialWindow - step - GrantThreshold) {
+		t.Fatal("receive")
+	}
+	r.Consumed(GrantThreshold)
+	if g := r.DueEvery(step, MaxWindow); g != 0 {
+		t.Fatalf("granted %d before a step drained, the sender holding %d", g, r.Credit())
+	}
+	r.Consumed(GrantThreshold)
+	if g := r.DueEvery(step, MaxWindow); g != step {
+		t.Fatalf("a drained step granted %d, want %d", g, step)
+	}
+	if !r.Receive(r.Credit() - step + 1) {
+		t.Fatal("receive")
+	}
+	r.Consumed(GrantThreshold)
+	if g := r.DueEvery(step, MaxWindow); g != GrantThreshold {
+		t.Fatalf("with the sender below a step, granted %d, want %d", g, GrantThreshold)
+	}
+}
+
 // FuzzWindow drives a sender's Window and the receiver's RecvWindow through
 // arbitrary sends, drains and grants (including raw increments a hostile
 // peer could send): neither window is ever negative or above 2^31-1, the

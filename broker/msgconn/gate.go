@@ -104,6 +104,17 @@ func (g *WriteGate) Cut() {
 	}
 }
 
+// CutWhen cuts the gate and closes its socket once ctx ends: the write in
+// progress and the reader's wait end, as they would under a context per
+// call, while the reader reads under one that never ends. stop undoes it
+// (context.AfterFunc).
+func (g *WriteGate) CutWhen(ctx context.Context) (stop func() bool) {
+	return context.AfterFunc(ctx, func() {
+		g.Cut()
+		g.c.CloseNow()
+	})
+}
+
 // begin starts a write on a timedWriter; once cut, it closes the socket
 // and says no, as a write under an ended context does.
 func (g *WriteGate) begin() bool {

@@ -87,3 +87,27 @@ func TestWriteGateCut(t *testing.T) {
 		}
 	})
 }
+
+// CutWhen: a reader waiting under a context that never ends, and the
+// socket under it, end once the watched context does.
+func TestWriteGateCutWhen(t *testing.T) {
+	forEachConnType(t, func(t *testing.T, a, b Conn) {
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := NewWriteGate(a).CutWhen(ctx)
+		defer stop()
+		read := make(chan error, 1)
+		go func() {
+			_, _, err := a.Read(context.Background())
+			read <- err
+		}()
+		cancel()
+		select {
+		case err := <-read:
+			if err == nil {
+				t.Fatal("Read returned a message after the watched context ended")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the reader still waits after the watched context ended")
+		}
+	})
+}

@@ -121,7 +121,7 @@ func (b *Broker) newHostSession(ctx context.Context, c msgconn.Conn, reg wire.Re
 		offered:     !b.cfg.DisableCredit,
 	}
 	h.gate = msgconn.NewWriteGate(c)
-	h.stopCut = context.AfterFunc(ctx, h.cut)
+	h.stopCut = h.gate.CutWhen(ctx)
 	h.wake = newWriter(h.writeLoop) // serveHost starts it
 	return h
 }
@@ -688,13 +688,6 @@ func (h *hostSession) writeLoop() (closed bool) {
 		}
 	}
 	return true
-}
-
-// cut ends the socket when the session's context ends: the write in
-// progress and the reader's wait, as a context per call did.
-func (h *hostSession) cut() {
-	h.gate.Cut()
-	h.conn.CloseNow()
 }
 
 // writeFailed (writer only) ends the registration once a write to the host

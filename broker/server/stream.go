@@ -127,13 +127,9 @@ func (s *stream) run(ctx context.Context) {
 		b.endStream(s, streamEnd{code: wire.CloseGoingAway, toHost: true, cancel: true, stat: "client_gone"})
 	}
 	s.ctx = ctx
-	// ctx ending cuts the socket, the write in progress and the reader's
-	// wait, as a context per call did; the reader reads under one that
-	// never ends, so the transport watches none per message.
-	stopCut := context.AfterFunc(ctx, func() {
-		s.gate.Cut()
-		s.conn.CloseNow()
-	})
+	// The reader reads under a context that never ends, so the transport
+	// watches none per message; ctx ending cuts the socket instead.
+	stopCut := s.gate.CutWhen(ctx)
 	if o, ok := s.conn.(msgconn.Owner); ok {
 		o.SetReadHeadroom(wire.HeaderLen) // framesUp writes the header there
 	}

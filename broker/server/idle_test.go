@@ -39,15 +39,7 @@ func TestIdleSocketCost(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*step)
 	defer cancel()
-	dial := func() *websocket.Conn {
-		t.Helper()
-		ws, _, err := websocket.Dial(ctx, "wss://"+addr+wire.ConnectPath, &websocket.DialOptions{HTTPClient: client})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ws.CloseNow() })
-		return ws
-	}
+	dial := func() *websocket.Conn { return dialTLS(ctx, t, addr, client) }
 	send := func(ws *websocket.Conn, m wire.Message) {
 		t.Helper()
 		msg, _ := wire.Marshal(m)
@@ -174,6 +166,18 @@ func settledGoroutines(t *testing.T, want int) int {
 
 // serveIdleTLS runs a broker on a TLS loopback listener (the broker's own
 // ServeListener) and returns its address and an HTTP client that trusts it.
+// dialTLS opens a WebSocket to the connect path of serveIdleTLS's broker
+// at addr, closed when the test ends.
+func dialTLS(ctx context.Context, t *testing.T, addr string, hc *http.Client) *websocket.Conn {
+	t.Helper()
+	ws, _, err := websocket.Dial(ctx, "wss://"+addr+wire.ConnectPath, &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.CloseNow() })
+	return ws
+}
+
 func serveIdleTLS(t *testing.T, mutate func(*Config)) (*env, string, *http.Client) {
 	t.Helper()
 	var pool = new(tls.Config)

@@ -27,15 +27,7 @@ func TestSmallMessageRelayAllocatesLittle(t *testing.T) {
 	e, addr, hc := serveIdleTLS(t, func(c *Config) { c.DisableCredit = true })
 	ctx, cancel := context.WithTimeout(context.Background(), 4*step)
 	defer cancel()
-	dial := func() *websocket.Conn {
-		t.Helper()
-		ws, _, err := websocket.Dial(ctx, "wss://"+addr+wire.ConnectPath, &websocket.DialOptions{HTTPClient: hc})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ws.CloseNow() })
-		return ws
-	}
+	dial := func() *websocket.Conn { return dialTLS(ctx, t, addr, hc) }
 	write := func(ws *websocket.Conn, typ websocket.MessageType, b []byte) {
 		t.Helper()
 		if err := ws.Write(ctx, typ, b); err != nil {

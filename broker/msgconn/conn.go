@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // MessageType is the type of one message. The values match
@@ -92,13 +91,6 @@ type Conn interface {
 	SetReadLimit(n int64)
 	// RemoteAddr is the peer's address, for logs.
 	RemoteAddr() string
-}
-
-// ProgressWriter is a Conn that can write one message in fragments with a
-// deadline per fragment, calling progress after each: a slow reader that
-// keeps accepting bytes is never cut.
-type ProgressWriter interface {
-	WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error
 }
 
 // Batcher is a Conn that can gather the messages of a writer draining its

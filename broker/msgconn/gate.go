@@ -9,8 +9,8 @@ import (
 )
 
 // WriteGate is the write side of a socket's single writer: every write is
-// bounded by a timeout (per 64 KiB fragment where the transport can tell,
-// see ProgressWriter), and Cut, from any goroutine, ends the write in
+// bounded by a timeout (per 64 KiB fragment on the WebSocket adapter,
+// whose writeWatch restarts at each), and Cut, from any goroutine, ends the write in
 // progress and every later one as a context ending would.
 //
 // On the WebSocket adapter this costs no context, timer or allocation per
@@ -48,15 +48,12 @@ func NewWriteGate(c Conn) *WriteGate {
 	return g
 }
 
-// Write sends one message within timeout (per fragment on a
-// ProgressWriter); progress, when set, is called after each fragment the
-// peer accepted.
+// Write sends one message within timeout (per fragment on the WebSocket
+// adapter); progress, when set, is called after each fragment the peer
+// accepted (once, after the whole message, on other transports).
 func (g *WriteGate) Write(typ MessageType, data []byte, timeout time.Duration, progress func()) error {
 	if g.tw == nil {
 		return g.fallback(timeout, func(ctx context.Context) error {
-			if pw, ok := g.c.(ProgressWriter); ok && progress != nil {
-				return pw.WriteProgress(ctx, typ, data, timeout, progress)
-			}
 			err := g.c.Write(ctx, typ, data)
 			if err == nil && progress != nil {
 				progress()

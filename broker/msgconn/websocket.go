@@ -39,10 +39,9 @@ type WebSocket struct {
 }
 
 var (
-	_ ProgressWriter = (*WebSocket)(nil)
-	_ Batcher        = (*WebSocket)(nil)
-	_ Owner          = (*WebSocket)(nil)
-	_ timedWriter    = (*WebSocket)(nil)
+	_ Batcher     = (*WebSocket)(nil)
+	_ Owner       = (*WebSocket)(nil)
+	_ timedWriter = (*WebSocket)(nil)
 )
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
@@ -118,20 +117,6 @@ func mapError(err error) error {
 
 func (w *WebSocket) Write(ctx context.Context, typ MessageType, data []byte) error {
 	return w.write(ctx, typ, data, nil)
-}
-
-// WriteProgress writes one message in 64 KiB fragments. The deadline is
-// perFragment, restarted after each fragment, and progress is called
-// after each.
-func (w *WebSocket) WriteProgress(ctx context.Context, typ MessageType, data []byte, perFragment time.Duration, progress func()) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	deadline := time.AfterFunc(perFragment, cancel)
-	defer deadline.Stop()
-	return w.write(ctx, typ, data, func() {
-		progress()
-		deadline.Reset(perFragment)
-	})
 }
 
 // write sends data as one message, fragmented above 64 KiB; after is

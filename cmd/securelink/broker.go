@@ -35,6 +35,9 @@ func brokerCommand() *cli.Command {
 			{
 				Name:  "serve",
 				Usage: "run a Reach broker",
+				Description: "Serves wss://…/v1/connect for hosts and clients as the configuration says. " +
+					"The Go garbage collector runs at GOGC=50 (less memory per idle socket for ~5% more CPU " +
+					"per registration) unless the environment sets GOGC.",
 				Flags: []cli.Flag{brokerConfigFlag},
 				Action: func(c *cli.Context) error {
 					if err := noArgs(c); err != nil {

@@ -70,6 +70,7 @@ func commands() []command {
 			"                                     broker RSS and goroutines per idle host and per idle stream", cmdReachIdle},
 		{"reach-bulk", "-mode upload|download -broker-url WSS -ca-file PEM -host JSON -pids BROKER\n" +
 			"                                     broker CPU per GB, one stream of 1 MiB client messages, raw bytes", cmdReachBulk},
+		{"aead-floor", "-duration D             CPU per GB of two AES-128-GCM passes (the broker's floor), run on its core", cmdAEADFloor},
 		{"reach-hosts", "-n N -hosts-file FILE -out JSONL   a broker hosts file with N fresh hosts, in one write", cmdReachHosts},
 		{"reach-scale", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER -metrics ADDR -levels S,S\n" +
 			"                                     broker CPU per registration and per match at each stream-table size,\n" +

@@ -387,3 +387,21 @@ func FuzzParsePIDs(f *testing.F) {
 		}
 	})
 }
+
+// The calibration seals and opens every record it counts: what it prints is
+// CPU over real AEAD work, per byte.
+func TestAEADFloorMeasuresWork(t *testing.T) {
+	r, err := aeadFloor(50 * time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.bytes < 64*tlsRecord || r.bytes%tlsRecord != 0 {
+		t.Fatalf("bytes = %d, want whole records, at least 64", r.bytes)
+	}
+	if r.cpuUS <= 0 || r.perGB() <= 0 {
+		t.Fatalf("cpu %v µs, %v s/GB: want both > 0", r.cpuUS, r.perGB())
+	}
+	if !strings.Contains(r.line(), "cpu_s_per_gb=") {
+		t.Fatalf("line %q lacks cpu_s_per_gb", r.line())
+	}
+}

@@ -24,6 +24,7 @@ type WriteGate struct {
 	c     Conn
 	tw    timedWriter // c's, nil when it has none
 	state atomic.Int32
+	one   [1][]byte // the writer's: Write's message as WriteParts's one part
 
 	mu     sync.Mutex         // the fallback's: cancel and the cut
 	cancel context.CancelFunc // the fallback write in progress's
@@ -35,9 +36,10 @@ const (
 	gateCut
 )
 
-// timedWriter is a transport that bounds a write by a duration itself.
+// timedWriter is a transport that bounds a write by a duration itself and
+// sends a message given in parts without joining them.
 type timedWriter interface {
-	writeWithin(typ MessageType, data []byte, timeout time.Duration, progress func()) error
+	writeWithin(typ MessageType, parts [][]byte, timeout time.Duration, progress func()) error
 	sendHeldWithin(timeout time.Duration) error
 }
 
@@ -61,10 +63,39 @@ func (g *WriteGate) Write(typ MessageType, data []byte, timeout time.Duration, p
 			return err
 		})
 	}
+	// One part, in the gate's own slice: a fresh one would escape to the
+	// heap through the transport's interface on every message.
+	g.one[0] = data
+	err := g.WriteParts(typ, g.one[:], timeout, progress)
+	g.one[0] = nil
+	return err
+}
+
+// JoinsParts reports whether WriteParts has to copy the parts into one
+// buffer first (transports other than the WebSocket adapter): a caller
+// holding pieces of a message then gains nothing over joining them itself.
+func (g *WriteGate) JoinsParts() bool { return g.tw == nil }
+
+// WriteParts sends parts, in order, as one message, as Write does. On the
+// WebSocket adapter no byte is copied to join them: each part leaves as
+// fragments of its own (64 KiB at most), each bounded by timeout and
+// followed by progress; elsewhere they are joined into one buffer first.
+func (g *WriteGate) WriteParts(typ MessageType, parts [][]byte, timeout time.Duration, progress func()) error {
+	if g.tw == nil {
+		var n int
+		for _, p := range parts {
+			n += len(p)
+		}
+		data := make([]byte, 0, n)
+		for _, p := range parts {
+			data = append(data, p...)
+		}
+		return g.Write(typ, data, timeout, progress)
+	}
 	if !g.begin() {
 		return net.ErrClosed
 	}
-	err := g.tw.writeWithin(typ, data, timeout, progress)
+	err := g.tw.writeWithin(typ, parts, timeout, progress)
 	g.end()
 	return err
 }

@@ -111,3 +111,45 @@ func TestWriteGateCutWhen(t *testing.T) {
 		}
 	})
 }
+
+// WriteParts sends its parts as one message, in order, on both transports;
+// on the WebSocket adapter progress follows every fragment, a part's end
+// included (each part leaves as fragments of its own, never joined to the
+// next), and a message of one part is what Write sends.
+func TestWriteGateWriteParts(t *testing.T) {
+	forEachConnType(t, func(t *testing.T, a, b Conn) {
+		b.SetReadLimit(2 << 20)
+		g := NewWriteGate(a)
+		parts := [][]byte{
+			bytes.Repeat([]byte{1}, 40<<10),
+			bytes.Repeat([]byte{2}, 100<<10), // two fragments: 64 + 36 KiB
+			bytes.Repeat([]byte{3}, 16<<10),
+		}
+		progressed := 0
+		done := make(chan error, 1)
+		go func() { done <- g.WriteParts(Binary, parts, 5*time.Second, func() { progressed++ }) }()
+		typ, got, err := b.Read(testCtx(t))
+		if err != nil || typ != Binary {
+			t.Fatalf("read %v %v", typ, err)
+		}
+		if want := bytes.Join(parts, nil); !bytes.Equal(got, want) {
+			t.Fatalf("read %d bytes that are not the %d of the parts in order", len(got), len(want))
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		_, ws := a.(*WebSocket)
+		if ws && progressed != 4 {
+			t.Errorf("progress after %d fragments, want 4 (40, 64+36, 16 KiB)", progressed)
+		}
+		if g.JoinsParts() == ws {
+			t.Errorf("JoinsParts %v on %T", g.JoinsParts(), a)
+		}
+		if err := g.WriteParts(Binary, [][]byte{[]byte("one")}, 5*time.Second, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, got, err := b.Read(testCtx(t)); err != nil || string(got) != "one" {
+			t.Fatalf("read %q %v", got, err)
+		}
+	})
+}

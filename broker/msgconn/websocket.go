@@ -116,21 +116,22 @@ func mapError(err error) error {
 }
 
 func (w *WebSocket) Write(ctx context.Context, typ MessageType, data []byte) error {
-	return w.write(ctx, typ, data, nil)
+	return w.write(ctx, typ, [][]byte{data}, nil)
 }
 
-// write sends data as one message, fragmented above 64 KiB; after is
+// write sends parts, in order, as one message, fragmented above 64 KiB and
+// at every part's end (a part is never copied to join another); after is
 // called, when set, once each fragment has been written.
-func (w *WebSocket) write(ctx context.Context, typ MessageType, data []byte, after func()) error {
-	if w.batch != nil && len(data) > w.holdAbove {
+func (w *WebSocket) write(ctx context.Context, typ MessageType, parts [][]byte, after func()) error {
+	if w.batch != nil && (len(parts) > 1 || len(parts[0]) > w.holdAbove) {
 		w.batch.Hold()
-		err := w.writeMessage(ctx, typ, data, after)
+		err := w.writeMessage(ctx, typ, parts, after)
 		if rerr := w.sendHeld(ctx); err == nil {
 			err = rerr
 		}
 		return err
 	}
-	return w.writeMessage(ctx, typ, data, after)
+	return w.writeMessage(ctx, typ, parts, after)
 }
 
 // HoldWrites starts gathering this socket's writes (Batcher); without a
@@ -161,19 +162,19 @@ func (w *WebSocket) sendHeld(ctx context.Context) error {
 	return w.batch.Release()
 }
 
-// writeWithin is a WriteGate's write: the library writes under a context
-// that never ends, so it watches none; the socket's writeWatch cuts it
-// once a fragment takes longer than timeout.
-func (w *WebSocket) writeWithin(typ MessageType, data []byte, timeout time.Duration, progress func()) error {
+// writeWithin is a WriteGate's write of parts as one message: the library
+// writes under a context that never ends, so it watches none; the
+// socket's writeWatch cuts it once a fragment takes longer than timeout.
+func (w *WebSocket) writeWithin(typ MessageType, parts [][]byte, timeout time.Duration, progress func()) error {
 	w.watch.begin(timeout, w.c)
 	after := progress
-	if progress != nil && len(data) > fragment {
+	if progress != nil && (len(parts) > 1 || len(parts[0]) > fragment) {
 		after = func() {
 			progress()
 			w.watch.begin(timeout, w.c)
 		}
 	}
-	err := w.write(context.Background(), typ, data, after)
+	err := w.write(context.Background(), typ, parts, after)
 	w.watch.end()
 	return err
 }
@@ -189,9 +190,9 @@ func (w *WebSocket) sendHeldWithin(timeout time.Duration) error {
 	return err
 }
 
-func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, data []byte, after func()) error {
-	if len(data) <= fragment {
-		err := w.c.Write(ctx, websocket.MessageType(typ), data)
+func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, parts [][]byte, after func()) error {
+	if len(parts) == 1 && len(parts[0]) <= fragment {
+		err := w.c.Write(ctx, websocket.MessageType(typ), parts[0])
 		if err == nil && after != nil {
 			after()
 		}
@@ -201,14 +202,16 @@ func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, data []by
 	if err != nil {
 		return err
 	}
-	for len(data) > 0 {
-		n := min(len(data), fragment)
-		if _, err := wr.Write(data[:n]); err != nil {
-			return err
-		}
-		data = data[n:]
-		if after != nil {
-			after()
+	for _, data := range parts {
+		for len(data) > 0 {
+			n := min(len(data), fragment)
+			if _, err := wr.Write(data[:n]); err != nil {
+				return err
+			}
+			data = data[n:]
+			if after != nil {
+				after()
+			}
 		}
 	}
 	return wr.Close()

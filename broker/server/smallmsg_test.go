@@ -24,41 +24,9 @@ import (
 func TestSmallMessageRelayAllocatesLittle(t *testing.T) {
 	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
 	runtime.MemProfileRate = 1
-	e, addr, hc := serveIdleTLS(t, func(c *Config) { c.DisableCredit = true })
-	ctx, cancel := context.WithTimeout(context.Background(), 4*step)
-	defer cancel()
-	dial := func() *websocket.Conn { return dialTLS(ctx, t, addr, hc) }
-	write := func(ws *websocket.Conn, typ websocket.MessageType, b []byte) {
-		t.Helper()
-		if err := ws.Write(ctx, typ, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	send := func(ws *websocket.Conn, m wire.Message) {
-		t.Helper()
-		msg, _ := wire.Marshal(m)
-		write(ws, websocket.MessageText, msg)
-	}
-	read := func(ws *websocket.Conn) []byte {
-		t.Helper()
-		_, data, err := ws.Read(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return data
-	}
-	host := dial()
-	send(host, wire.Register{Role: wire.RoleHost, HostID: e.hosts[0].id, ConnectionID: wire.NewID(), CredentialKind: wire.KindHost, Token: e.hosts[0].token})
-	read(host) // registered
-	tok := wire.NewToken()
-	send(host, wire.PublishBootstrap{PairingID: "p", TokenSHA256: wire.TokenDigest(string(tok)), ExpiresAt: e.clock.Now().Add(10 * time.Minute).Unix()})
-	read(host) // published
-	client := dial()
-	send(client, wire.Register{Role: wire.RoleClient, HostID: e.hosts[0].id, ConnectionID: wire.NewID(), CredentialKind: wire.KindBootstrap, Token: tok})
-	read(client) // matched
-	read(host)   // open
+	ts := openTLSStream(t, 4*step)
+	write, read, host, client := ts.write, ts.read, ts.host, ts.client
 	msg := bytes.Repeat([]byte{0x5a}, 64)
-	var id wire.ID
 	echo := func() {
 		t.Helper()
 		write(client, websocket.MessageBinary, msg)
@@ -66,8 +34,7 @@ func TestSmallMessageRelayAllocatesLittle(t *testing.T) {
 		if err != nil || f.Flags != wire.FlagData || !bytes.Equal(f.Payload, msg) {
 			t.Fatalf("host got %v %v", f, err)
 		}
-		id = f.StreamID
-		write(host, websocket.MessageBinary, dataFrame(id, msg))
+		write(host, websocket.MessageBinary, dataFrame(ts.id, msg))
 		if got := read(client); !bytes.Equal(got, msg) {
 			t.Fatalf("client got %x", got)
 		}
@@ -86,6 +53,62 @@ func TestSmallMessageRelayAllocatesLittle(t *testing.T) {
 	if perMsg > maxAllocsPerSmallMessage {
 		t.Errorf("the broker allocates %.2f objects per small message, want at most %d", perMsg, maxAllocsPerSmallMessage)
 	}
+}
+
+// tlsStream is one stream through serveIdleTLS's broker (plain v1): a host
+// registered over a real TLS WebSocket, a client matched to it with a
+// bootstrap, and the stream's id (from the host's open).
+type tlsStream struct {
+	e            *env
+	host, client *websocket.Conn
+	id           wire.ID
+	write        func(ws *websocket.Conn, typ websocket.MessageType, b []byte)
+	read         func(ws *websocket.Conn) []byte
+}
+
+// openTLSStream opens a tlsStream; every read and write is bounded by
+// within, counted from now.
+func openTLSStream(t *testing.T, within time.Duration) *tlsStream {
+	t.Helper()
+	e, addr, hc := serveIdleTLS(t, func(c *Config) { c.DisableCredit = true })
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	t.Cleanup(cancel)
+	ts := &tlsStream{e: e}
+	ts.write = func(ws *websocket.Conn, typ websocket.MessageType, b []byte) {
+		t.Helper()
+		if err := ws.Write(ctx, typ, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ts.read = func(ws *websocket.Conn) []byte {
+		t.Helper()
+		_, data, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	send := func(ws *websocket.Conn, m wire.Message) {
+		t.Helper()
+		msg, _ := wire.Marshal(m)
+		ts.write(ws, websocket.MessageText, msg)
+	}
+	ts.host = dialTLS(ctx, t, addr, hc)
+	send(ts.host, wire.Register{Role: wire.RoleHost, HostID: e.hosts[0].id, ConnectionID: wire.NewID(), CredentialKind: wire.KindHost, Token: e.hosts[0].token})
+	ts.read(ts.host) // registered
+	tok := wire.NewToken()
+	send(ts.host, wire.PublishBootstrap{PairingID: "p", TokenSHA256: wire.TokenDigest(string(tok)), ExpiresAt: e.clock.Now().Add(10 * time.Minute).Unix()})
+	ts.read(ts.host) // published
+	ts.client = dialTLS(ctx, t, addr, hc)
+	send(ts.client, wire.Register{Role: wire.RoleClient, HostID: e.hosts[0].id, ConnectionID: wire.NewID(), CredentialKind: wire.KindBootstrap, Token: tok})
+	ts.read(ts.client) // matched
+	m, err := wire.ParseBrokerMessage(ts.read(ts.host))
+	open, ok := m.(wire.Open)
+	if err != nil || !ok {
+		t.Fatalf("host got %v %v, want open", m, err)
+	}
+	ts.id = open.StreamID
+	return ts
 }
 
 // maxAllocsPerSmallMessage: about 2 objects here (crypto/tls's reader of

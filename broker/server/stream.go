@@ -43,6 +43,12 @@ type stream struct {
 	progress         func()        // madeProgress, for the gate (made once)
 	downSpace        chan struct{} // capacity 1: client-bound queue shrank
 	upCredit         chan struct{} // capacity 1: the host granted credit
+	// parts: the payloads of the client message being written, when they
+	// leave as its fragments instead of being copied into one buffer
+	// (takeDown); partsCut says the last is the front of a payload still
+	// queued. Writer-only; the array is kept between messages.
+	parts    [][]byte
+	partsCut bool
 
 	// Guarded by h.mu.
 	up           [][]byte // host-bound frames, header included
@@ -334,18 +340,38 @@ func (s *stream) writeLoop() (closed bool) {
 			h.mu.Unlock()
 			return false
 		}
-		p, n, whole := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce)
+		p, size, kind := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce, !s.gate.JoinsParts())
 		credit := s.credit
 		s.writing = true
 		h.mu.Unlock()
 		signal(s.downSpace)
 
-		err := s.gate.Write(msgconn.Binary, p, b.cfg.WriteTimeout, s.progress)
-		if n > 0 {
+		var err error
+		if kind == takeParts {
+			err = s.gate.WriteParts(msgconn.Binary, s.parts, b.cfg.WriteTimeout, s.progress)
+		} else {
+			err = s.gate.Write(msgconn.Binary, p, b.cfg.WriteTimeout, s.progress)
+		}
+		// Written (or failed) and no longer in the queue: the buffers go
+		// back, except a payload's front whose rest is still queued.
+		switch kind {
+		case takeWhole:
+			putFrame(p)
+		case takeCopy:
 			bp := p // only a pooled buffer escapes to the heap
 			b.coalesce.Put(&bp)
-		} else if whole {
-			putFrame(p) // written, and no longer in the queue
+		case takeParts:
+			last := len(s.parts) - 1
+			if s.partsCut {
+				last--
+			}
+			for i, q := range s.parts {
+				if i <= last {
+					putFrame(q)
+				}
+				s.parts[i] = nil
+			}
+			s.parts, s.partsCut = s.parts[:0], false
 		}
 
 		h.mu.Lock()
@@ -353,14 +379,14 @@ func (s *stream) writeLoop() (closed bool) {
 		if credit {
 			// The client took these bytes: the host may send as many more
 			// (WINDOW), within the host's cap on queued bytes.
-			h.downHeld -= len(p)
+			h.downHeld -= size
 			if err == nil {
-				s.downWin.Consumed(len(p))
+				s.downWin.Consumed(size)
 			}
 			h.grantAllLocked(s)
 		}
 		h.mu.Unlock()
-		b.budget.release(len(p))
+		b.budget.release(size)
 		if err != nil {
 			s.broken = true
 			b.endStream(s, streamEnd{code: wire.CloseGoingAway, reason: "write failed", toHost: true, cancel: true, stat: "write_failed"})
@@ -400,24 +426,62 @@ func (s *stream) startCreditLocked() {
 	signal(s.upCredit)
 }
 
+// What takeDown took: how the writer gives the bytes back once written.
+type takeKind int
+
+const (
+	takeWhole takeKind = iota // msg is a payload that left the queue
+	takeFront                 // msg is the front of a payload still queued
+	takeCopy                  // msg is a pooled buffer the payloads were copied into
+	takeParts                 // s.parts are the message (see takeDown)
+)
+
+// partMin is the smallest payload sent as a fragment of its own rather
+// than copied next to its neighbours: a fragment costs a frame header and
+// a short TLS record or two (the library's 512-byte write buffer), which
+// a copy of 16 KiB costs more than.
+const partMin = 16 << 10
+
 // takeDown (h.mu held, s.down not empty) takes the next client message:
 // everything queued, up to max bytes, in one message. It never waits for
 // more to arrive, so a small message leaves as soon as the writer is free.
-// A lone payload is sent as it is (or its first max bytes; whole says it
-// left the queue entirely); several are copied into a pooled buffer, and
-// n > 0 says the buffer must go back.
-func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bool) {
+// size is the message's length.
+//
+// A lone payload is sent as it is (or its first max bytes). Several are
+// the message's parts, each payload a fragment of its own with no byte
+// copied, when the transport writes parts without joining them (parts)
+// and the payloads are at least partMin bytes each (the last one may be
+// cut to max; the rest stays queued); otherwise they are copied into a
+// pooled buffer.
+func (s *stream) takeDown(max int, pool *sync.Pool, parts bool) (msg []byte, size int, kind takeKind) {
 	first := s.down[0]
 	if len(first) >= max || len(s.down) == 1 {
 		msg = first[:min(len(first), max)]
-		whole = len(msg) == len(first)
-		if whole {
+		kind = takeWhole
+		if len(msg) == len(first) {
 			s.down = popFront(s.down)
 		} else {
+			kind = takeFront
 			s.down[0] = first[len(msg):]
 		}
 		s.downBytes -= len(msg)
-		return msg, 0, whole
+		return msg, len(msg), kind
+	}
+	if parts && len(first) >= partMin && len(s.down[1]) >= partMin {
+		for len(s.down) > 0 && size < max && len(s.down[0]) >= partMin {
+			p := s.down[0]
+			k := min(len(p), max-size)
+			s.parts = append(s.parts, p[:k])
+			if k == len(p) {
+				s.down = popFront(s.down)
+			} else {
+				s.down[0] = p[k:]
+				s.partsCut = true
+			}
+			size += k
+		}
+		s.downBytes -= size
+		return nil, size, takeParts
 	}
 	bp := pool.Get().(*[]byte)
 	buf := (*bp)[:0]
@@ -433,7 +497,7 @@ func (s *stream) takeDown(max int, pool *sync.Pool) (msg []byte, n int, whole bo
 		}
 	}
 	s.downBytes -= len(buf)
-	return buf, len(buf), false
+	return buf, len(buf), takeCopy
 }
 
 // madeProgress (the writer's, after each fragment the client accepted;

@@ -43,12 +43,6 @@ type stream struct {
 	progress         func()        // madeProgress, for the gate (made once)
 	downSpace        chan struct{} // capacity 1: client-bound queue shrank
 	upCredit         chan struct{} // capacity 1: the host granted credit
-	// parts: the payloads of the client message being written, when they
-	// leave as its fragments instead of being copied into one buffer
-	// (takeDown); partsCut says the last is the front of a payload still
-	// queued. Writer-only; the array is kept between messages.
-	parts    [][]byte
-	partsCut bool
 
 	// Guarded by h.mu.
 	up           [][]byte // host-bound frames, header included
@@ -340,15 +334,15 @@ func (s *stream) writeLoop() (closed bool) {
 			h.mu.Unlock()
 			return false
 		}
-		p, size, kind := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce, !s.gate.JoinsParts())
+		p, parts, size, kind := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce, !s.gate.JoinsParts())
 		credit := s.credit
 		s.writing = true
 		h.mu.Unlock()
 		signal(s.downSpace)
 
 		var err error
-		if kind == takeParts {
-			err = s.gate.WriteParts(msgconn.Binary, s.parts, b.cfg.WriteTimeout, s.progress)
+		if parts != nil {
+			err = s.gate.WriteParts(msgconn.Binary, *parts, b.cfg.WriteTimeout, s.progress)
 		} else {
 			err = s.gate.Write(msgconn.Binary, p, b.cfg.WriteTimeout, s.progress)
 		}
@@ -360,18 +354,17 @@ func (s *stream) writeLoop() (closed bool) {
 		case takeCopy:
 			bp := p // only a pooled buffer escapes to the heap
 			b.coalesce.Put(&bp)
-		case takeParts:
-			last := len(s.parts) - 1
-			if s.partsCut {
-				last--
+		case takeParts, takePartsCut:
+			whole := *parts
+			if kind == takePartsCut {
+				whole = whole[:len(whole)-1]
 			}
-			for i, q := range s.parts {
-				if i <= last {
-					putFrame(q)
-				}
-				s.parts[i] = nil
+			for _, q := range whole {
+				putFrame(q)
 			}
-			s.parts, s.partsCut = s.parts[:0], false
+			clear(*parts)
+			*parts = (*parts)[:0]
+			partsPool.Put(parts)
 		}
 
 		h.mu.Lock()
@@ -430,11 +423,19 @@ func (s *stream) startCreditLocked() {
 type takeKind int
 
 const (
-	takeWhole takeKind = iota // msg is a payload that left the queue
-	takeFront                 // msg is the front of a payload still queued
-	takeCopy                  // msg is a pooled buffer the payloads were copied into
-	takeParts                 // s.parts are the message (see takeDown)
+	takeWhole    takeKind = iota // msg is a payload that left the queue
+	takeFront                    // msg is the front of a payload still queued
+	takeCopy                     // msg is a pooled buffer the payloads were copied into
+	takeParts                    // parts are the message: payloads that left the queue
+	takePartsCut                 // the same, but the last part is the front of a payload still queued
 )
+
+// partsPool holds the slices of a message's parts (takeDown), so a stream
+// holds none between writes.
+var partsPool = sync.Pool{New: func() any {
+	p := make([][]byte, 0, 16)
+	return &p
+}}
 
 // partMin is the smallest payload sent as a fragment of its own rather
 // than copied next to its neighbours: a fragment costs a frame header and
@@ -445,7 +446,7 @@ const partMin = 16 << 10
 // takeDown (h.mu held, s.down not empty) takes the next client message:
 // everything queued, up to max bytes, in one message. It never waits for
 // more to arrive, so a small message leaves as soon as the writer is free.
-// size is the message's length.
+// size is the message's length, kind says how its buffers go back.
 //
 // A lone payload is sent as it is (or its first max bytes). Several are
 // the message's parts, each payload a fragment of its own with no byte
@@ -453,7 +454,7 @@ const partMin = 16 << 10
 // and the payloads are at least partMin bytes each (the last one may be
 // cut to max; the rest stays queued); otherwise they are copied into a
 // pooled buffer.
-func (s *stream) takeDown(max int, pool *sync.Pool, parts bool) (msg []byte, size int, kind takeKind) {
+func (s *stream) takeDown(max int, pool *sync.Pool, split bool) (msg []byte, parts *[][]byte, size int, kind takeKind) {
 	first := s.down[0]
 	if len(first) >= max || len(s.down) == 1 {
 		msg = first[:min(len(first), max)]
@@ -465,23 +466,25 @@ func (s *stream) takeDown(max int, pool *sync.Pool, parts bool) (msg []byte, siz
 			s.down[0] = first[len(msg):]
 		}
 		s.downBytes -= len(msg)
-		return msg, len(msg), kind
+		return msg, nil, len(msg), kind
 	}
-	if parts && len(first) >= partMin && len(s.down[1]) >= partMin {
+	if split && len(first) >= partMin && len(s.down[1]) >= partMin {
+		parts = partsPool.Get().(*[][]byte)
+		kind = takeParts
 		for len(s.down) > 0 && size < max && len(s.down[0]) >= partMin {
 			p := s.down[0]
 			k := min(len(p), max-size)
-			s.parts = append(s.parts, p[:k])
+			*parts = append(*parts, p[:k])
 			if k == len(p) {
 				s.down = popFront(s.down)
 			} else {
 				s.down[0] = p[k:]
-				s.partsCut = true
+				kind = takePartsCut
 			}
 			size += k
 		}
 		s.downBytes -= size
-		return nil, size, takeParts
+		return nil, parts, size, kind
 	}
 	bp := pool.Get().(*[]byte)
 	buf := (*bp)[:0]
@@ -497,7 +500,7 @@ func (s *stream) takeDown(max int, pool *sync.Pool, parts bool) (msg []byte, siz
 		}
 	}
 	s.downBytes -= len(buf)
-	return buf, len(buf), takeCopy
+	return buf, nil, len(buf), takeCopy
 }
 
 // madeProgress (the writer's, after each fragment the client accepted;

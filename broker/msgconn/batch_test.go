@@ -291,3 +291,90 @@ func TestBatchConnSmallReadsStayPlain(t *testing.T) {
 		}
 	}
 }
+
+// sysCounted is a real TCP connection (its SyscallConn shows through) that
+// counts the calls of its net.Conn Read and Write.
+type sysCounted struct {
+	*net.TCPConn
+	reads, writes atomic.Int64
+}
+
+func (c *sysCounted) Read(p []byte) (int, error) {
+	c.reads.Add(1)
+	return c.TCPConn.Read(p)
+}
+
+func (c *sysCounted) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.TCPConn.Write(p)
+}
+
+// A BatchConn moves its socket's bytes with raw system calls through the
+// socket's RawConn, never through the connection's Read and Write, which
+// tell the runtime of every call (entersyscall: after each idle spell the
+// first one woke the runtime's monitor thread, a futex and a context
+// switch per small message on the broker). Small messages both ways, a
+// held batch larger than the socket buffers (the write waits for the
+// poller until the peer reads), and the deadlines, which still apply (EOF:
+// TestBatchConnReadsAhead).
+func TestBatchConnMovesBytesWithRawCalls(t *testing.T) {
+	a, b := tcpPair(t)
+	sc := &sysCounted{TCPConn: b.(*net.TCPConn)}
+	bc := NewBatchConn(sc)
+	small := []byte("sixty-four bytes or so, a small message crossing the broker....")
+	p := make([]byte, 1<<10)
+	for i := range 100 {
+		if _, err := a.Write(small); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := io.ReadAtLeast(bc, p, len(small)); err != nil || !bytes.Equal(p[:n], small) {
+			t.Fatalf("read %d: %q, %v", i, p[:n], err)
+		}
+		if _, err := bc.Write(small); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(a, p[:len(small)]); err != nil || !bytes.Equal(p[:len(small)], small) {
+			t.Fatalf("peer read %d: %q, %v", i, p[:len(small)], err)
+		}
+	}
+	big := make([]byte, 16<<20) // more than both socket buffers hold
+	for i := range big {
+		big[i] = byte(i % 251)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond) // the batch's write finds the socket full
+		buf := make([]byte, len(big))
+		io.ReadFull(a, buf)
+		got <- buf
+	}()
+	bc.Hold()
+	for off := 0; off < len(big); off += 16 << 10 {
+		if _, err := bc.Write(big[off : off+16<<10]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := bc.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(<-got, big) {
+		t.Fatal("the peer read other bytes than the batch's")
+	}
+	bc.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	var ne net.Error
+	if _, err := bc.Read(p); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read with nothing sent, past the deadline: %v, want a timeout", err)
+	}
+	bc.SetReadDeadline(time.Time{})
+	bc.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	var werr error
+	for werr == nil { // the peer reads no more: the socket fills
+		_, werr = bc.Write(big)
+	}
+	if !errors.As(werr, &ne) || !ne.Timeout() {
+		t.Fatalf("write to a full socket past the deadline: %v, want a timeout", werr)
+	}
+	if r, w := sc.reads.Load(), sc.writes.Load(); r != 0 || w != 0 {
+		t.Errorf("%d Read and %d Write calls on the connection, want none: the bytes moved through them", r, w)
+	}
+}

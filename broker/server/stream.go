@@ -356,6 +356,7 @@ func (s *stream) writeLoop() (closed bool) {
 			h.downHeld -= len(p)
 			if err == nil {
 				s.downWin.Consumed(len(p))
+				h.growLocked(s)
 			}
 			h.grantAllLocked(s)
 		}

@@ -5,11 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // creditHost registers host i, checks that registered offers credit and
@@ -376,9 +376,7 @@ func TestCreditWindowGrowsOnlyForAClientThatKeepsUp(t *testing.T) {
 	slow, sid := e.client(host, 0, wire.KindRoute, tok)
 	const fastTotal, slowTotal = 16 << 20, 1 << 20
 
-	var mu sync.Mutex
-	credit := map[wire.ID]int{fid: wire.InitialWindow, sid: wire.InitialWindow}
-	granted := make(chan struct{}, 1)
+	cs := testfake.NewCreditSender(fid, sid)
 	go func() { // the host's reader: WINDOW frames only
 		for {
 			typ, data, err := host.Read(context.Background())
@@ -394,13 +392,7 @@ func TestCreditWindowGrowsOnlyForAClientThatKeepsUp(t *testing.T) {
 			// 20 ms round trip, so the 256 KiB window holds the stream to
 			// 12.8 MB/s, well below what the broker moves even under
 			// the race detector.
-			id, inc := f.StreamID, int(f.Increment())
-			time.AfterFunc(20*time.Millisecond, func() {
-				mu.Lock()
-				credit[id] += inc
-				mu.Unlock()
-				signal(granted)
-			})
+			cs.Grant(f.StreamID, f.Increment(), 20*time.Millisecond)
 		}
 	}()
 	got := make(chan int, 2)
@@ -418,32 +410,9 @@ func TestCreditWindowGrowsOnlyForAClientThatKeepsUp(t *testing.T) {
 	}
 	go drain(fast, 0)
 	go drain(slow, 300*time.Millisecond)
-
-	sent := map[wire.ID]int{}
-	peak := map[wire.ID]int{}
-	total := map[wire.ID]int{fid: fastTotal, sid: slowTotal}
-	for sent[fid] < fastTotal || sent[sid] < slowTotal {
-		moved := false
-		for _, id := range []wire.ID{fid, sid} {
-			mu.Lock()
-			peak[id] = max(peak[id], credit[id])
-			n := min(64<<10, credit[id], total[id]-sent[id])
-			credit[id] -= n
-			mu.Unlock()
-			if n > 0 {
-				sendBinary(t, host, dataFrame(id, make([]byte, n)))
-				sent[id] += n
-				moved = true
-			}
-		}
-		if !moved {
-			select {
-			case <-granted:
-			case <-time.After(step):
-				t.Fatalf("no grant within %v: sent %d and %d", step, sent[fid], sent[sid])
-			}
-		}
-	}
+	cs.Send(t, map[wire.ID]int{fid: fastTotal, sid: slowTotal}, func(id wire.ID, n int) {
+		sendBinary(t, host, dataFrame(id, make([]byte, n)))
+	})
 	sendBinary(t, host, closeFrame(fid))
 	sendBinary(t, host, closeFrame(sid))
 	for i := 0; i < 2; i++ {
@@ -453,13 +422,14 @@ func TestCreditWindowGrowsOnlyForAClientThatKeepsUp(t *testing.T) {
 	}
 	bound := e.b.cfg.MaxStreamWindow()
 	st := e.b.Stats()
-	t.Logf("peak credit: fast stream %d, slow stream %d (bound %d); counts %v", peak[fid], peak[sid], bound, st.Counts)
-	if peak[fid] <= wire.InitialWindow || peak[fid] > bound || st.Counts["credit:grow"] == 0 {
+	pf, ps := cs.Peak(fid), cs.Peak(sid)
+	t.Logf("peak credit: fast stream %d, slow stream %d (bound %d); counts %v", pf, ps, bound, st.Counts)
+	if pf <= wire.InitialWindow || pf > bound || st.Counts["credit:grow"] == 0 {
 		t.Fatalf("fast stream: peak credit %d after %d growths, want above %d and at most %d",
-			peak[fid], st.Counts["credit:grow"], wire.InitialWindow, bound)
+			pf, st.Counts["credit:grow"], wire.InitialWindow, bound)
 	}
-	if peak[sid] > wire.InitialWindow {
-		t.Fatalf("slow stream: peak credit %d, above the initial window", peak[sid])
+	if ps > wire.InitialWindow {
+		t.Fatalf("slow stream: peak credit %d, above the initial window", ps)
 	}
 }
 

@@ -36,7 +36,8 @@ type Config struct {
 	// StreamBufferBytes bounds the broker→front bytes buffered per stream
 	// that the front has not read yet. A frame is accepted into an empty
 	// buffer whatever its size, so it must hold one whole frame payload
-	// (1 MiB). Default 2 MiB.
+	// (1 MiB). Under credit it is also the most the broker's window for
+	// the stream grows to (openWindow is granted at open). Default 4 MiB.
 	StreamBufferBytes int
 	// StreamSendBytes bounds the front→broker bytes buffered per stream
 	// before they are framed; a front that writes faster waits. Default
@@ -121,7 +122,7 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	setInt(&c.MaxStreams, wire.MaxStreamsPerHost)
-	setInt(&c.StreamBufferBytes, 2<<20)
+	setInt(&c.StreamBufferBytes, 4<<20)
 	setInt(&c.StreamSendBytes, 256<<10)
 	setInt(&c.MaxPendingControl, 64)
 	setInt(&c.MaxRouteCache, wire.MaxCredentialsPerHost)

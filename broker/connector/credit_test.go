@@ -107,8 +107,8 @@ func TestCreditOfferIsAnsweredAndWindowsKept(t *testing.T) {
 	id := wire.NewID()
 	h.Open(id)
 	st := accept(t, c)
-	// The stream's buffer (2 MiB by default), not the initial 256 KiB, is
-	// the broker's window for it: the rest is granted at open.
+	// openWindow (2 MiB), not the initial 256 KiB, is the broker's window
+	// for it: the rest is granted at open.
 	if f := rawFrame(t, h); f.Flags != wire.FlagWindow || f.StreamID != id || int(f.Increment()) != 2<<20-wire.InitialWindow {
 		t.Fatalf("at open: flags %d, increment %d, want a WINDOW of %d", f.Flags, f.Increment(), 2<<20-wire.InitialWindow)
 	}
@@ -127,23 +127,25 @@ func TestCreditOfferIsAnsweredAndWindowsKept(t *testing.T) {
 	}
 	// From here on any DATA frame would be beyond the credit: only
 	// WINDOW frames may come.
-	// The broker's DATA comes back as grants once the front reads it.
-	for i := 0; i < 4; i++ {
+	// The broker's DATA comes back as grants once the front reads a
+	// grant step of it (an eighth of the stream buffer).
+	drained := c.cfg.StreamBufferBytes / 8
+	for i := 0; i < drained/(64<<10); i++ {
 		h.Data(id, make([]byte, 64<<10))
 	}
-	if _, err := io.ReadFull(st, make([]byte, wire.InitialWindow)); err != nil {
+	if _, err := io.ReadFull(st, make([]byte, drained)); err != nil {
 		t.Fatal(err)
 	}
 	granted := 0
-	for granted < wire.InitialWindow {
+	for granted < drained {
 		f := rawFrame(t, h)
 		if f.Flags != wire.FlagWindow || f.StreamID != id {
 			t.Fatalf("expected WINDOW, got flags %d (%d bytes): beyond the credit", f.Flags, len(f.Payload))
 		}
 		granted += int(f.Increment())
 	}
-	if granted != wire.InitialWindow {
-		t.Fatalf("granted %d", granted)
+	if granted != drained {
+		t.Fatalf("granted %d for %d read", granted, drained)
 	}
 	// A window above 2^31-1 ends the registration.
 	sendWindow(t, h, id, wire.MaxWindow) // exactly 2^31-1 is allowed
@@ -284,7 +286,7 @@ func TestCreditDataLeavesBeforeTheWindowIsUsedUp(t *testing.T) {
 
 // TestCreditGrantsInLargeSteps: a front reading a bulk stream in small
 // pieces grants the broker's credit back in eighths of its stream buffer
-// (256 KiB by default), not in the protocol's 64 KiB minimum steps: a
+// (512 KiB by default), not in the protocol's 64 KiB minimum steps: a
 // WINDOW per 64 KiB was a message and a write(2) for the front and the
 // broker on every 64 KiB of an upload.
 func TestCreditGrantsInLargeSteps(t *testing.T) {
@@ -319,5 +321,73 @@ func TestCreditGrantsInLargeSteps(t *testing.T) {
 	}
 	if granted != total || windows > total/(256<<10) {
 		t.Fatalf("1 MiB read in 64 KiB pieces came back as %d WINDOW frames granting %d bytes; want at most %d", windows, granted, total/(256<<10))
+	}
+}
+
+// TestCreditWindowGrowsToTheStreamBuffer: the broker sends two streams as
+// fast as its credit allows, the connector's grants reaching it 50 ms
+// late. Each stream starts with 2 MiB of its 4 MiB buffer granted. The
+// one whose front reads everything at once has its window grown
+// (auto-tuning) beyond 2 MiB and never beyond the buffer; the one whose
+// front reads 256 KiB every 100 ms (2.5 MB/s, where 2 MiB per 50 ms
+// allows 40) never gets more than the 2 MiB. Both arrive whole.
+func TestCreditWindowGrowsToTheStreamBuffer(t *testing.T) {
+	c, h := creditFake(t, nil)
+	if typ, _, err := rawRead(t, h, step); err != nil || typ != websocket.MessageText {
+		t.Fatalf("first message %v %v", typ, err)
+	}
+	const open = openWindow
+	buffer := c.cfg.StreamBufferBytes
+	fid, sid := wire.NewID(), wire.NewID()
+	h.Open(fid)
+	fast := accept(t, c)
+	h.Open(sid)
+	slow := accept(t, c)
+
+	cs := testfake.NewCreditSender(fid, sid)
+	go func() {
+		for {
+			typ, data, err := h.WS.Read(context.Background())
+			if err != nil {
+				return
+			}
+			f, perr := wire.Dialect{Credit: true}.ParseFrame(data)
+			if typ != websocket.MessageBinary || perr != nil || f.Flags != wire.FlagWindow {
+				t.Errorf("broker got %v %v flags %d", typ, perr, f.Flags)
+				return
+			}
+			cs.Grant(f.StreamID, f.Increment(), 50*time.Millisecond)
+		}
+	}()
+	const fastTotal, slowTotal = 48 << 20, 5 << 19
+	got := make(chan int64, 2)
+	go func() { n, _ := io.Copy(io.Discard, io.LimitReader(fast, fastTotal)); got <- n }()
+	go func() {
+		var n int64
+		buf := make([]byte, 256<<10)
+		for n < slowTotal {
+			time.Sleep(100 * time.Millisecond)
+			k, err := io.ReadFull(slow, buf[:min(len(buf), slowTotal-int(n))])
+			n += int64(k)
+			if err != nil {
+				break
+			}
+		}
+		got <- n
+	}()
+
+	cs.Send(t, map[wire.ID]int{fid: fastTotal, sid: slowTotal}, func(id wire.ID, n int) { h.Data(id, make([]byte, n)) })
+	for i := 0; i < 2; i++ {
+		if n := <-got; n != fastTotal && n != slowTotal {
+			t.Fatalf("a front read %d bytes", n)
+		}
+	}
+	pf, ps := cs.Peak(fid), cs.Peak(sid)
+	t.Logf("peak credit: fast stream %d, slow stream %d (buffer %d)", pf, ps, buffer)
+	if pf <= open || pf > buffer {
+		t.Fatalf("fast stream: peak credit %d, want above %d and at most the %d buffer", pf, open, buffer)
+	}
+	if ps > open {
+		t.Fatalf("slow stream: peak credit %d, above the %d granted at open", ps, open)
 	}
 }

@@ -70,7 +70,7 @@ type session struct {
 	dialect wire.Dialect
 	// grantEvery is how many drained bytes a stream grants back at once
 	// while the broker still holds at least that much credit: an eighth of
-	// the stream buffer (the window granted at open), not the protocol's
+	// the stream buffer (the most its window grows to), not the protocol's
 	// 64 KiB minimum, which cost the front and the broker a WINDOW message
 	// and a write(2) per 64 KiB of an upload.
 	grantEvery int
@@ -329,11 +329,11 @@ func (s *session) open(m wire.Open) {
 	s.closed.remove(id)
 	s.mu.Unlock()
 	if st.credit {
-		// The stream may buffer StreamBufferBytes: grant the broker that
-		// window at once rather than the initial 256 KiB, which would bound
-		// an upload to 256 KiB per grant round trip.
+		// Grant the broker openWindow at once rather than the initial
+		// 256 KiB, which would bound an upload to 256 KiB per grant round
+		// trip; stream.Read grows it up to StreamBufferBytes.
 		st.mu.Lock()
-		g := st.recv.Widen(int64(s.c.cfg.StreamBufferBytes - wire.InitialWindow))
+		g := st.recv.Widen(int64(min(s.c.cfg.StreamBufferBytes, openWindow) - wire.InitialWindow))
 		st.mu.Unlock()
 		if g > 0 {
 			s.queueGrant(st, g)
@@ -344,6 +344,14 @@ func (s *session) open(m wire.Open) {
 		s.reset(st, "the front is not accepting")
 	}
 }
+
+// openWindow is the broker's credit for a stream once it opens (at most
+// StreamBufferBytes). From there the window auto-tunes as the front reads
+// (wire.RecvWindow.Grow in stream.Read) up to StreamBufferBytes: an upload
+// whose grants wait on the busy front's scheduling gets more in flight, a
+// slow front keeps 2 MiB. Granting the whole 4 MiB buffer at open instead
+// would give every slow stream 4 MiB.
+const openWindow = 2 << 20
 
 // orphanCloseLocked queues a CLOSE for an id that has no stream.
 func (s *session) orphanCloseLocked(id wire.ID) {

@@ -102,7 +102,10 @@ func (st *stream) Read(p []byte) (int, error) {
 			var grant uint32
 			if st.credit {
 				st.recv.Consumed(n)
-				grant = st.recv.DueEvery(st.s.grantEvery, wire.MaxWindow)
+				// Auto-tuning first (up to the buffer), then the drained
+				// bytes: both count in the window, so the sum stays in it.
+				grant = st.recv.Grow(int64(st.s.c.cfg.StreamBufferBytes), wire.MaxWindow)
+				grant += st.recv.DueEvery(st.s.grantEvery, wire.MaxWindow)
 			}
 			st.mu.Unlock()
 			signal(st.space)

@@ -91,7 +91,9 @@ type Config struct {
 	// protocol's: it may pass the cap only while ended streams still
 	// deliver their bytes, and grants wait until the sum is back under.
 	// It must hold MaxStreamsPerHost initial windows (a file config
-	// raises it to that); default 8 MiB (16 × 256 KiB = 4 MiB).
+	// raises it to that); default 8 MiB (16 × 256 KiB = 4 MiB). A stream
+	// whose client keeps up may have its window grow beyond 256 KiB, up
+	// to MaxStreamWindow, within this cap.
 	HostCreditBytes int
 	// DisableCredit makes registered offer no extension: every host runs
 	// plain v1 (tests and benchmarks compare the two). YAML `credit`
@@ -351,6 +353,14 @@ func (c *Config) validateACME(bad func(key, format string, args ...any), listenP
 // ACMEDir is the broker's ACME storage (and its persistent key):
 // <directory of state_file>/acme.
 func (c *Config) ACMEDir() string { return filepath.Join(filepath.Dir(c.StateFile), "acme") }
+
+// MaxStreamWindow is how far the broker lets a credit stream's host→client
+// window grow (growLocked): what one stream may queue (StreamQueueBytes),
+// leaving every other stream of the host its initial window under
+// HostCreditBytes. Defaults: min(8 MiB, 8 MiB − 15 × 256 KiB) = 4.25 MiB.
+func (c *Config) MaxStreamWindow() int {
+	return max(wire.InitialWindow, min(c.StreamQueueBytes, c.HostCreditBytes-(c.MaxStreamsPerHost-1)*wire.InitialWindow))
+}
 
 func (c *Config) errorf(key, format string, args ...any) error {
 	if c.src == nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // creditHost registers host i, checks that registered offers credit and
@@ -332,8 +333,9 @@ func TestStalledClientUnderCreditStallsNobody(t *testing.T) {
 	if st.Counts["paused:host"] != 0 || st.Counts["stream:slow_consumer"] != 0 {
 		t.Fatalf("the host socket was paused or a stream cut: %v", st.Counts)
 	}
-	// Two windows (one per stream) plus one client message in flight.
-	if bound := int64(2*wire.InitialWindow + 256<<10); peak > bound {
+	// The stalled stream's window, the live one's (which may grow, its
+	// client keeping up), and one client message in flight.
+	if bound := int64(wire.InitialWindow + e.b.cfg.MaxStreamWindow() + 256<<10); peak > bound {
 		t.Fatalf("broker queued %d bytes, bound %d", peak, bound)
 	}
 	// The stalled client: closed after the idle timeout while it still
@@ -355,6 +357,80 @@ func TestStalledClientUnderCreditStallsNobody(t *testing.T) {
 	live.Close(1000, "")
 	waitFor(t, "queues released", func() bool { return e.b.Stats().QueuedBytes == 0 })
 	t.Logf("peak broker queue %d bytes; counts %v", peak, e.b.Stats().Counts)
+}
+
+// TestCreditWindowGrowsOnlyForAClientThatKeepsUp: the host sends two
+// streams as fast as its credit allows, its grants arriving 20 ms late.
+// The stream whose client reads everything at once has its window widened
+// (auto-tuning, counted as credit:grow) beyond the initial 256 KiB and
+// never beyond MaxStreamWindow; the one whose client reads a message every
+// 300 ms (at most 0.9 MB/s, where its 256 KiB window allows 12.8 MB/s)
+// keeps the initial window throughout. Both get every byte.
+func TestCreditWindowGrowsOnlyForAClientThatKeepsUp(t *testing.T) {
+	e := newEnv(t, nil)
+	host := e.creditHost(0)
+	tok := wire.NewToken()
+	e.publishRoute(host, "r1", tok)
+	fast, fid := e.client(host, 0, wire.KindRoute, tok)
+	e.pipeN = 1 // the slow client's socket holds one message
+	slow, sid := e.client(host, 0, wire.KindRoute, tok)
+	const fastTotal, slowTotal = 16 << 20, 1 << 20
+
+	cs := testfake.NewCreditSender(fid, sid)
+	go func() { // the host's reader: WINDOW frames only
+		for {
+			typ, data, err := host.Read(context.Background())
+			if err != nil {
+				return
+			}
+			f, perr := wire.Dialect{Credit: true}.ParseFrame(data)
+			if typ != Binary || perr != nil || f.Flags != wire.FlagWindow {
+				t.Errorf("host got %v %v flags %d", typ, perr, f.Flags)
+				return
+			}
+			// The grant reaches the sender 20 ms later: a link with a
+			// 20 ms round trip, so the 256 KiB window holds the stream to
+			// 12.8 MB/s, well below what the broker moves even under
+			// the race detector.
+			cs.Grant(f.StreamID, f.Increment(), 20*time.Millisecond)
+		}
+	}()
+	got := make(chan int, 2)
+	drain := func(c *pipeConn, pause time.Duration) {
+		n := 0
+		for {
+			time.Sleep(pause)
+			_, data, err := c.Read(context.Background())
+			if err != nil {
+				got <- n
+				return
+			}
+			n += len(data)
+		}
+	}
+	go drain(fast, 0)
+	go drain(slow, 300*time.Millisecond)
+	cs.Send(t, map[wire.ID]int{fid: fastTotal, sid: slowTotal}, func(id wire.ID, n int) {
+		sendBinary(t, host, dataFrame(id, make([]byte, n)))
+	})
+	sendBinary(t, host, closeFrame(fid))
+	sendBinary(t, host, closeFrame(sid))
+	for i := 0; i < 2; i++ {
+		if n := <-got; n != fastTotal && n != slowTotal {
+			t.Fatalf("a client got %d bytes", n)
+		}
+	}
+	bound := e.b.cfg.MaxStreamWindow()
+	st := e.b.Stats()
+	pf, ps := cs.Peak(fid), cs.Peak(sid)
+	t.Logf("peak credit: fast stream %d, slow stream %d (bound %d); counts %v", pf, ps, bound, st.Counts)
+	if pf <= wire.InitialWindow || pf > bound || st.Counts["credit:grow"] == 0 {
+		t.Fatalf("fast stream: peak credit %d after %d growths, want above %d and at most %d",
+			pf, st.Counts["credit:grow"], wire.InitialWindow, bound)
+	}
+	if ps > wire.InitialWindow {
+		t.Fatalf("slow stream: peak credit %d, above the initial window", ps)
+	}
 }
 
 func msgconnCode(err error) int {

@@ -375,6 +375,7 @@ func (s *stream) writeLoop() (closed bool) {
 			h.downHeld -= size
 			if err == nil {
 				s.downWin.Consumed(size)
+				h.growLocked(s)
 			}
 			h.grantAllLocked(s)
 		}

@@ -1,6 +1,9 @@
 package wire
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"time"
+)
 
 // Window accounting of the "credit" extension (spec/reach.md, last
 // section). Each direction of each stream has a window of DATA payload
@@ -74,18 +77,82 @@ func (w *Window) add(n int64) {
 }
 
 // RecvWindow is a receiver's view of one stream and direction: the credit
-// the sender still has and the bytes drained but not yet granted back.
+// the sender still has and the bytes drained but not yet granted back;
+// and, for auto-tuning (Grow), the window it keeps open, the grant round
+// trip it measured and the current tuning epoch.
 type RecvWindow struct {
 	win       Window
 	unGranted int64
+	size      int64 // the window kept open: InitialWindow plus what Widen and Grow added
+	received  int64 // payload bytes received, Overrun's included
+	consumed  int64 // payload bytes drained
+	// The grant round trip: markAt (monoNow, 0 for none) is when a grant
+	// was made while the sender could send at most markLimit bytes in
+	// all; the first byte beyond markLimit ends the sample. rtt is the
+	// smallest of the samples so far.
+	markAt, markLimit int64
+	rtt               int64
+	samples           int64
+	// The tuning epoch: since epochAt (monoNow), epochFrom bytes were
+	// drained in all before it.
+	epochAt, epochFrom int64
 }
 
+// minRTTSamples is how many grant round trips a receiver measures before
+// Grow trusts the smallest: the first ones also time the sender still
+// sending its initial window (its credit not yet used up), so they can be
+// several times the round trip, and with one of them a reader taking
+// 20 ms per 256 KiB message looked fast enough to grow.
+const minRTTSamples = 3
+
+// monoNow is the receivers' clock, in nanoseconds (tests replace it).
+var monoNow = func() int64 { return int64(time.Since(monoStart)) + 1 }
+
+var monoStart = time.Now()
+
 // NewRecvWindow starts at InitialWindow.
-func NewRecvWindow() RecvWindow { return RecvWindow{win: NewWindow()} }
+func NewRecvWindow() RecvWindow {
+	return RecvWindow{win: NewWindow(), size: InitialWindow, epochAt: monoNow()}
+}
+
+// limit is the payload bytes the sender may have sent in all, as granted.
+func (r *RecvWindow) limit() int64 { return r.received + r.win.avail - r.win.debt }
+
+// grant counts g granted bytes, and starts timing a grant round trip
+// unless one is being timed.
+func (r *RecvWindow) grant(g int64) {
+	if r.markAt == 0 {
+		r.markAt, r.markLimit = monoNow(), r.limit()
+	}
+	r.win.add(g)
+}
+
+// arrived counts n received bytes and ends the round-trip sample when they
+// go beyond what the sender could send before the timed grant: the sender
+// cannot send them before that grant reaches it, so a sample is never
+// shorter than the round trip, and it is about the round trip when the
+// sender was waiting for the grant (the case that matters); the smallest
+// sample is kept.
+func (r *RecvWindow) arrived(n int) {
+	r.received += int64(n)
+	if r.markAt != 0 && r.received > r.markLimit {
+		if d := monoNow() - r.markAt; r.samples == 0 || d < r.rtt {
+			r.rtt = max(d, 1)
+		}
+		r.samples++
+		r.markAt = 0
+	}
+}
 
 // Receive records n received payload bytes; false means the sender
 // exceeded its credit (a protocol violation).
-func (r *RecvWindow) Receive(n int) bool { return r.win.Take(n) }
+func (r *RecvWindow) Receive(n int) bool {
+	if !r.win.Take(n) {
+		return false
+	}
+	r.arrived(n)
+	return true
+}
 
 // Overrun records n received payload bytes beyond the credit, for a
 // receiver that tolerates them (bytes a sender sent before the window
@@ -100,12 +167,14 @@ func (r *RecvWindow) Overrun(n int) {
 	if over > 0 {
 		r.win.debt += over
 	}
+	r.arrived(n)
 }
 
 // Consumed records n bytes the reader drained; they become grantable.
 func (r *RecvWindow) Consumed(n int) {
 	if n > 0 {
 		r.unGranted += int64(n)
+		r.consumed += int64(n)
 	}
 }
 
@@ -120,7 +189,7 @@ func (r *RecvWindow) Due(limit int64) uint32 {
 		return 0
 	}
 	r.unGranted -= g
-	r.win.add(g)
+	r.grant(g)
 	return uint32(g)
 }
 
@@ -146,9 +215,47 @@ func (r *RecvWindow) Widen(n int64) uint32 {
 	if g <= 0 {
 		return 0
 	}
-	r.win.add(g)
+	r.grant(g)
+	r.size += g
 	return uint32(g)
 }
+
+// Grow is the window's auto-tuning (quic-go's rule, its
+// flow_controller_base.go), for a receiver that calls it where it grants,
+// after Consumed: once more than half the window it keeps open was
+// drained in the current epoch, it looks at how long that took, and when
+// it took less than about two grant round trips per window (4 × the
+// drained fraction × the round trip), the window, not the reader, is what
+// holds the stream back: the sender waits out a grant's round trip for
+// every window. Then Grow doubles the window it keeps open, up to bound
+// bytes (what the receiver can buffer for the stream, at most MaxWindow),
+// and returns the difference to grant at once, beyond what was drained;
+// at most limit (what the receiver may still commit, e.g. a per-host cap;
+// negative means none), counted as granted; 0 is no growth. Either way a
+// new epoch starts. A window never shrinks, and a slow reader's never
+// grows: its window takes many round trips to drain.
+//
+// The round trip is the smallest measured from a grant to the first byte
+// the sender could send only after receiving it (never shorter than the
+// real one; this protocol has no RTT estimate of its own): until
+// minRTTSamples of them are in, nothing grows.
+func (r *RecvWindow) Grow(bound, limit int64) uint32 {
+	drained := r.consumed - r.epochFrom
+	if drained <= r.size/2 {
+		return 0
+	}
+	now := monoNow()
+	fast := r.samples >= minRTTSamples && float64(now-r.epochAt) < 4*float64(drained)/float64(r.size)*float64(r.rtt)
+	r.epochAt, r.epochFrom = now, r.consumed
+	if !fast || r.size >= min(bound, MaxWindow) {
+		return 0
+	}
+	return r.Widen(min(r.size, min(bound, MaxWindow)-r.size, limit))
+}
+
+// Size is the window the receiver keeps open: InitialWindow plus what
+// Widen and Grow added.
+func (r *RecvWindow) Size() int64 { return r.size }
 
 // Credit is what the sender may still send, as the receiver sees it.
 func (r *RecvWindow) Credit() int { return r.win.Avail() }

@@ -167,6 +167,14 @@ func FuzzWindow(f *testing.F) {
 					continue
 				}
 				inFlight += n
+				if g := recv.Grow(int64(pre%(8<<20)), int64(arg)); g > 0 {
+					if err := send.Grant(g); err != nil {
+						t.Fatalf("op %d: growth %d refused: %v", i, g, err)
+					}
+				}
+				if s := recv.Size(); s > max(int64(pre%(8<<20)), InitialWindow) {
+					t.Fatalf("op %d: window grew to %d, bound %d", i, s, pre%(8<<20))
+				}
 			case 1: // drain, and grant what is due
 				n := min(arg, inFlight)
 				inFlight -= n
@@ -297,5 +305,135 @@ func TestRecvWindowWiden(t *testing.T) {
 	}
 	if g := r.Widen(1); g != 0 || r.Credit() != MaxWindow {
 		t.Fatalf("widen past the maximum: %d, credit %d", g, r.Credit())
+	}
+}
+
+// fakeClock makes monoNow return *now for the test.
+func fakeClock(t *testing.T, now *int64) {
+	old := monoNow
+	monoNow = func() int64 { return *now }
+	t.Cleanup(func() { monoNow = old })
+}
+
+// measureRTT gives r minRTTSamples grant round trips of d ns (the
+// sender out of credit, each grant answered after d), then starts a new
+// tuning epoch.
+func measureRTT(r *RecvWindow, now *int64, d int64) {
+	for i := 0; i < minRTTSamples; i++ {
+		c := r.Credit()
+		r.Receive(c)
+		r.Consumed(c)
+		r.Due(1 << 40)
+		*now += d
+		r.Receive(1)
+		r.Consumed(1)
+	}
+	r.epochAt, r.epochFrom = *now, r.consumed
+}
+
+// growLoop models one stream over a link with a grant round trip of rtt
+// (ns) for d of test time: the sender sends in 64 KiB frames what its
+// credit allows, as fast as the link goes; a grant reaches it rtt after
+// the receiver made it; the receiver drains at most rate bytes per ns
+// (what arrived, when it arrived) and calls Grow, then Due, as it drains.
+// It returns the largest credit the sender ever held plus the bytes the
+// receiver held, which is what the receiver may have to buffer.
+func growLoop(t *testing.T, r *RecvWindow, rtt, d int64, rate float64, bound int64) (peak int64) {
+	t.Helper()
+	var now int64 = 1
+	fakeClock(t, &now)
+	*r = NewRecvWindow()
+	type grant struct {
+		at  int64
+		inc uint32
+	}
+	var inFlight []grant
+	send := NewWindow()
+	var held, drainedAt float64
+	const step = 10_000 // 10 µs per tick
+	for ; now < d; now += step {
+		for len(inFlight) > 0 && inFlight[0].at <= now {
+			if err := send.Grant(inFlight[0].inc); err != nil {
+				t.Fatalf("grant %d refused: %v", inFlight[0].inc, err)
+			}
+			inFlight = inFlight[1:]
+		}
+		for send.Avail() > 0 {
+			n := min(64<<10, send.Avail())
+			send.Take(n)
+			if !r.Receive(n) {
+				t.Fatalf("receiver refused %d bytes within its credit", n)
+			}
+			held += float64(n)
+		}
+		peak = max(peak, int64(send.Avail())+int64(held))
+		drainedAt += rate * step
+		if n := int(min(held, drainedAt)); n > 0 {
+			held -= float64(n)
+			drainedAt -= float64(n)
+			r.Consumed(n)
+			for _, g := range []uint32{r.Grow(bound, 1<<40), r.Due(1 << 40)} {
+				if g > 0 {
+					inFlight = append(inFlight, grant{now + rtt, g})
+				}
+			}
+		} else {
+			drainedAt = min(drainedAt, 1<<20) // an idle reader saves no drain
+		}
+		if r.Size() > max(bound, InitialWindow) {
+			t.Fatalf("window %d above the bound %d", r.Size(), bound)
+		}
+	}
+	return peak
+}
+
+// Over a link with a 10 ms grant round trip, a receiver that drains at
+// 1 GB/s (the window, not the reader, limits the stream) doubles its window
+// up to the bound and never past it; one that drains at 4 MB/s keeps the
+// initial window, and the sender never holds more than it. Over 1 ms the
+// fast one stops growing at about twice what the round trip needs.
+func TestRecvWindowGrowsOnlyForAReaderThatKeepsUp(t *testing.T) {
+	const bound = 4<<20 + 1000
+	var fast, slow RecvWindow
+	if peak := growLoop(t, &fast, 10e6, 300e6, 1.0, bound); fast.Size() != bound || peak > bound {
+		t.Fatalf("fast reader: window %d, peak %d, want %d", fast.Size(), peak, bound)
+	}
+	if peak := growLoop(t, &slow, 1e6, 2e9, 0.004, bound); slow.Size() != InitialWindow || peak > InitialWindow {
+		t.Fatalf("slow reader: window %d, peak %d, want %d", slow.Size(), peak, InitialWindow)
+	}
+	if growLoop(t, &fast, 1e6, 300e6, 1.0, bound); fast.Size() > 4<<20 || fast.Size() < 1<<20 {
+		t.Fatalf("1 ms round trip at 1 GB/s: window %d, want 1..4 MiB", fast.Size())
+	}
+	// Without measured round trips nothing grows; limit caps an
+	// increment; the window never passes 2^31-1.
+	var now int64 = 1
+	fakeClock(t, &now)
+	r := NewRecvWindow()
+	r.Receive(InitialWindow)
+	r.Consumed(InitialWindow)
+	if g := r.Grow(1<<40, 1<<40); g != 0 {
+		t.Fatalf("growth without a round trip: %d", g)
+	}
+	lim := NewRecvWindow()
+	measureRTT(&lim, &now, 1000)
+	c := lim.Credit()
+	lim.Receive(c)
+	lim.Consumed(c)
+	if g := lim.Grow(1<<40, 1000); g != 1000 || lim.Size() != InitialWindow+1000 {
+		t.Fatalf("growth within a limit of 1000: %d, window %d", g, lim.Size())
+	}
+	big := NewRecvWindow()
+	measureRTT(&big, &now, 1000)
+	big.Widen(MaxWindow - InitialWindow - 5)
+	big.epochAt, big.epochFrom = now, big.consumed
+	c = big.Credit()
+	big.Receive(c)
+	big.Consumed(c)
+	if g := big.Grow(1<<40, 1<<40); g != 5 || big.Size() != MaxWindow {
+		t.Fatalf("growth at the maximum: %d, window %d", g, big.Size())
+	}
+	big.Consumed(MaxWindow)
+	if g := big.Grow(1<<40, 1<<40); g != 0 {
+		t.Fatalf("growth past 2^31-1: %d", g)
 	}
 }

@@ -31,7 +31,8 @@ func (p *Pause) Paused() bool { return p.n.Load() > 0 }
 // Keepalive is the pause-forgiving ping of one socket: it ends a socket
 // whose peer stopped answering. Start runs it on a timer (no goroutine
 // while it waits; a ping in progress runs on the timer's own goroutine,
-// which exists only until the pong), Run on the calling goroutine.
+// which exists only for the ping's write when the socket's reader notes
+// pongs, else until the pong), Run on the calling goroutine.
 type Keepalive struct {
 	Conn     Conn
 	Interval time.Duration // between pings

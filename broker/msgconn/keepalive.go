@@ -217,20 +217,45 @@ func (t *keepaliveTimer) tickNoted() (ping bool) {
 	}
 	// Paused, or the last ping still being written: look again in an
 	// interval (or at the deadline).
-	due := now.Add(t.k.Interval)
+	due := onSlot(now.Add(t.k.Interval), t.k.Interval, false)
+	pingAt := onSlot(t.lastPing.Add(t.k.Interval), t.k.Interval, false)
 	switch {
 	case paused || t.pinging:
-	case t.lastPing.IsZero() || !now.Before(t.lastPing.Add(t.k.Interval)):
+	case t.lastPing.IsZero() || !now.Before(pingAt):
 		t.lastPing, t.pinging, ping = now, true, true
 	default:
-		due = t.lastPing.Add(t.k.Interval)
+		due = pingAt
 	}
-	next := t.last.Add(t.k.Timeout)
+	next := onSlot(t.last.Add(t.k.Timeout), t.k.Interval, true)
 	if due.Before(next) {
 		next = due
 	}
 	t.t.Reset(max(next.Sub(now), time.Millisecond))
 	return ping
+}
+
+// keepaliveSlot is the grid the noted-pong keepalive's ticks fall on at
+// the spec's timings: every socket's ping whose due time falls in the
+// same quarter second is written in one wake-up of the process, not each
+// in its own. A ping comes early (the interval stays at most Interval), a
+// pong's deadline late (a socket is never dropped before Timeout).
+const keepaliveSlot = 250 * time.Millisecond
+
+// onSlot moves t down (up: up) onto the keepaliveSlot grid, unless the
+// interval is too short for it (tests).
+func onSlot(t time.Time, interval time.Duration, up bool) time.Time {
+	if interval < 20*keepaliveSlot {
+		return t
+	}
+	d := t.Sub(monoBase)
+	r := d % keepaliveSlot
+	if r == 0 {
+		return t
+	}
+	if up {
+		return t.Add(keepaliveSlot - r)
+	}
+	return t.Add(-r)
 }
 
 // die calls Dead once (mu held).

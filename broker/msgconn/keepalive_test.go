@@ -158,3 +158,23 @@ func TestKeepaliveWithNotedPongs(t *testing.T) {
 		t.Fatal("no Dead with the peer silent")
 	}
 }
+
+// At the spec's timings the noted-pong keepalive's ticks fall on a
+// quarter-second grid shared by every socket: a ping moves earlier (its
+// interval never grows past Interval), a pong's deadline later (a socket
+// is never dropped before Timeout). Short test intervals stay exact.
+func TestKeepaliveSlots(t *testing.T) {
+	for i := range 50 {
+		at := time.Now().Add(time.Duration(i) * 37 * time.Millisecond)
+		down, up := onSlot(at, 15*time.Second, false), onSlot(at, 15*time.Second, true)
+		if down.After(at) || at.Sub(down) >= keepaliveSlot || up.Before(at) || up.Sub(at) >= keepaliveSlot {
+			t.Fatalf("%v: down %v, up %v: want within a slot below and above", at, at.Sub(down), up.Sub(at))
+		}
+		if onSlot(up, 15*time.Second, false) != up || onSlot(down, 15*time.Second, true) != down {
+			t.Fatalf("%v: %v and %v are not on the grid", at, down, up)
+		}
+		if onSlot(at, 10*time.Millisecond, false) != at {
+			t.Fatal("a test interval was moved onto the grid")
+		}
+	}
+}

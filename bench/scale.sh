@@ -15,7 +15,9 @@
 #      and leaves) and a match churn (a client opens a stream with a route
 #      credential and closes it), each ${DUR} s after ${WARM} s warm-up;
 #   3. at the largest level: RSS and goroutines per idle socket, and the
-#      broker's CPU over an idle minute (keepalive).
+#      broker's CPU over an idle minute (keepalive);
+#   4. calibration: a bare TLS server holding as many idle sockets with the
+#      same pings and pongs (loadgen keepalive-server / keepalive-floor).
 #
 #   BENCH_SCALE_FULL=1  the issue's size: 10,000 hosts and 50,000 streams
 #                       (needs RLIMIT_NOFILE >= ~61,000 per process)
@@ -137,6 +139,31 @@ scale_run() {
 		fail "scale: the hybrid calibration handshakes failed"
 	fi
 	stop_pids "${PID[scale_broker]}"
+	scale_floor
+}
+
+# scale_floor: the keepalive's calibration, after the broker stopped: a
+# bare Go TLS server (loadgen keepalive-server, on the broker's core)
+# holding as many idle sockets as the keepalive figure, each doing per ping
+# interval what the spec asks of the broker (its peer's ping read and
+# answered, its own ping written and the answer read) and nothing else.
+scale_floor() {
+	local n out
+	n=$(kv sockets "$(awk '$1 == "phase=keepalive"' <<<"$SCALE_OUT" | head -n1)")
+	[[ $n =~ ^[0-9]+$ ]] || return 0
+	taskset -c "$SERVER_CPU" "$LG" keepalive-server -listen "127.0.0.1:$SCALE_PORT" \
+		-cert "$SCALE_DIR/broker.crt" -key "$SCALE_DIR/broker.key" >"$WORK/scale_floor.out" 2>>"$WORK/scale-loadgen.log" &
+	PID[scale_floor]=$!
+	BG_PIDS+=(${PID[scale_floor]})
+	"$LG" waitport -addr "127.0.0.1:$SCALE_PORT" -timeout 10s >/dev/null || die "loadgen keepalive-server did not start"
+	if out=$(load "$LG" keepalive-floor -addr "127.0.0.1:$SCALE_PORT" -ca-file "$SCALE_DIR/broker.crt" -n "$n" \
+		-pids "${PID[scale_floor]}" -window "$SCALE_KEEPALIVE" 2>>"$WORK/scale-loadgen.log"); then
+		log "scale: keepalive floor $out"
+		SCALE_OUT+=$'\n'"$out"
+	else
+		fail "scale: the keepalive calibration failed (see $RESULTS/logs/scale-loadgen.log)"
+	fi
+	stop_pids "${PID[scale_floor]}"
 }
 
 # ------------------------------------------------------------------ table
@@ -226,6 +253,15 @@ scale_table() {
 	scale_row "RSS KiB per idle socket, after keepalive" "" "${kib_late:-}" "≤ 32: $(reach_verdict "${kib_late:-}" "<=" 32) (steady state: ${SCALE_KEEPALIVE} of pings later)"
 	scale_row "goroutines per idle socket" "" "$gor" "≤ 1: $(reach_verdict "$gor" "<=" 1)"
 	scale_row "keepalive: % of a core over ${SCALE_KEEPALIVE} idle" "" "$pct" "≤ 5: $(reach_verdict "$pct" "<=" 5) (at ${sockets:--} sockets)"
+	# Per socket and ping interval, and in units of the bare TLS floor.
+	local fl ka_us floor_us
+	fl=$(awk '$1 == "phase=keepalive_floor"' <<<"$SCALE_OUT" | head -n1)
+	ka_us=$(awk -v c="$(kv cpu_us "$ka")" -v s="$(kv secs "$ka")" -v n="$(kv sockets "$ka")" \
+		'BEGIN{ if (c ~ /^[0-9.]+$/ && s+0 > 0 && n+0 > 0) printf "%.1f", c/n/(s/15) }')
+	floor_us=$(scale_fmt "$(kv us_per_socket_interval "$fl")" "%.1f")
+	scale_row "keepalive: broker CPU µs per socket per 15 s" "" "${ka_us:-}" "≤ 5 % at 60,000 sockets is ≤ 12.5"
+	scale_row "keepalive floor: bare TLS server, µs per socket" "" "${floor_us:-}" "calibration: the same pings and pongs, nothing else ($(kv sockets "$fl") sockets)"
+	scale_row "keepalive: in bare-TLS floors" "" "$(SCALE_HS=$floor_us scale_hs "$ka_us")" "1.00 = only TLS records and the runtime"
 	scale_row "broker RSS MiB at the largest level" "" "$rss_mib" "${sockets:--} sockets"
 	if [[ $(kv hosts "$il") -ge 10000 && $(kv streams "$il") -ge 50000 ]] 2>/dev/null; then
 		scale_row "10k hosts + 50k streams: RSS GiB" "" "$(awk -v r="$(kv rss_kib "$il")" 'BEGIN{printf "%.2f", r/1048576}')" "≤ 2: $(reach_verdict "$(awk -v r="$(kv rss_kib "$il")" 'BEGIN{printf "%.2f", r/1048576}')" "<=" 2)"
@@ -255,6 +291,11 @@ scale_table() {
 	echo "- idle: VmRSS and go_goroutines of the broker at the largest level minus a baseline before the"
 	echo "  first host, over hosts + streams ($SETTLE after the fill; the first level's churn ran before)."
 	echo "  keepalive: broker CPU over $SCALE_KEEPALIVE with nothing moving, after the last churn."
+	echo "- keepalive floor: after the broker stopped, loadgen keepalive-server (a bare Go TLS server, one"
+	echo "  reader goroutine and one timer per socket, on the broker's core) holds as many sockets; per"
+	echo "  socket and 15 s it reads its peer's 14-byte ping and writes a 10-byte pong, and writes its"
+	echo "  own ping and reads the answer: the spec's keepalive with no WebSocket and no session. Its"
+	echo "  CPU over $SCALE_KEEPALIVE after one interval of settling."
 	echo "- the broker closes a stream idle for 5 min (not configurable): each level's figures must end"
 	echo "  within 5 min of its first stream; the held row checks it at the sample."
 	echo "- broker config: attempts_per_minute raised (all sockets come from 127.0.0.1) and max_hosts"

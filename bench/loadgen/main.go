@@ -75,6 +75,9 @@ func commands() []command {
 		{"reach-scale", "-broker-url WSS -ca-file PEM -hosts JSONL -pids BROKER -metrics ADDR -levels S,S\n" +
 			"                                     broker CPU per registration and per match at each stream-table size,\n" +
 			"                                     RSS and goroutines per idle socket, keepalive CPU", cmdReachScale},
+		{"keepalive-server", "-listen ADDR -cert PEM -key PEM   a bare TLS server that pings and answers pings (the keepalive floor)", cmdKeepaliveServer},
+		{"keepalive-floor", "-addr ADDR -ca-file PEM -n N -pids SERVER [-window DUR]\n" +
+			"                                     that server's CPU per idle socket and ping interval", cmdKeepaliveFloor},
 	}
 }
 

@@ -2,8 +2,11 @@ package msgconn
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -36,17 +39,98 @@ type WebSocket struct {
 	// in one write; a larger one goes through batch.
 	holdAbove int
 	watch     writeWatch // the deadline of a WriteGate's write in progress
+
+	// With Accept, the reader notes the pongs of our pings itself
+	// (pongWatch), so a Keepalive's ping is only a write.
+	pongs *pongWatch
 }
+
+// pongWatch is the ping state of a WebSocket whose reader notes pongs: the
+// sequence number of the last ping written and when a pong to one of ours
+// last arrived. Its ping payload lives here so a ping allocates nothing.
+type pongWatch struct {
+	sent    atomic.Uint64 // the last ping's sequence number; 0: none yet
+	pongAt  atomic.Int64  // monotonic nanoseconds since monoBase of the last pong; 0: none
+	payload [8]byte       // the ping in progress (one at a time: Keepalive)
+}
+
+// monoBase anchors pongWatch's monotonic clock.
+var monoBase = time.Now()
+
+// opPing is RFC 6455's ping opcode (§5.5.2). The library's Write passes
+// the message type to the frame as its opcode, so a ping written that way
+// is a plain frame write: no wait for its pong, no context, no timer.
+const opPing = 0x9
 
 var (
 	_ Batcher     = (*WebSocket)(nil)
 	_ Owner       = (*WebSocket)(nil)
 	_ timedWriter = (*WebSocket)(nil)
+	_ pongNoter   = (*WebSocket)(nil)
 )
 
 // FromWebSocket adapts c; remote is the peer's address for logs.
 func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
 	return &WebSocket{c: c, remote: remote, holdAbove: batchMin}
+}
+
+// Accept upgrades an HTTP request like websocket.Accept (opts as there,
+// nil: the defaults) and adapts the connection; remote is the peer's
+// address for logs. Its reader notes the pongs of the pings Keepalive
+// sends (the library's OnPongReceived), so no goroutine waits for a pong:
+// a ping is one frame write from the keepalive's timer.
+func Accept(w http.ResponseWriter, r *http.Request, opts *websocket.AcceptOptions, remote string) (*WebSocket, error) {
+	ws := &WebSocket{remote: remote, holdAbove: batchMin, pongs: new(pongWatch)}
+	var o websocket.AcceptOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.OnPongReceived != nil {
+		return nil, errors.New("msgconn: Accept sets OnPongReceived itself")
+	}
+	o.OnPongReceived = ws.pongs.note
+	c, err := websocket.Accept(w, r, &o)
+	if err != nil {
+		return nil, err
+	}
+	ws.c = c
+	return ws, nil
+}
+
+// note is the reader's OnPongReceived: a pong carrying the number of one
+// of our pings is noted with its time; any other (an unsolicited pong, a
+// library ping's) is ignored.
+func (p *pongWatch) note(_ context.Context, payload []byte) {
+	if len(payload) != len(p.payload) {
+		return
+	}
+	if n := binary.BigEndian.Uint64(payload); n != 0 && n <= p.sent.Load() {
+		p.pongAt.Store(int64(time.Since(monoBase)))
+	}
+}
+
+// sendPing writes one ping frame and returns once it is written, without
+// waiting for its pong (the reader notes it). Only Keepalive calls it,
+// never twice at a time. The write is bounded by the socket, not by a
+// context: Keepalive ends a socket whose pong is overdue, which cuts a
+// ping stuck behind the peer's backpressure.
+func (w *WebSocket) sendPing() error {
+	n := w.pongs.sent.Add(1)
+	binary.BigEndian.PutUint64(w.pongs.payload[:], n)
+	return mapError(w.c.Write(context.Background(), websocket.MessageType(opPing), w.pongs.payload[:]))
+}
+
+// lastPong is when a pong to one of our pings last arrived (the zero time:
+// none yet); ok is false when this socket's reader does not note pongs
+// (FromWebSocket), so Keepalive waits for each pong with Ping instead.
+func (w *WebSocket) lastPong() (at time.Time, ok bool) {
+	if w.pongs == nil {
+		return time.Time{}, false
+	}
+	if ns := w.pongs.pongAt.Load(); ns != 0 {
+		return monoBase.Add(time.Duration(ns)), true
+	}
+	return time.Time{}, true
 }
 
 // SetBatch makes every message above 4 KiB leave through b in as few

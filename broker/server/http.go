@@ -53,12 +53,14 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "too many connection attempts", http.StatusTooManyRequests)
 		return
 	}
-	ws, err := websocket.Accept(smallBuffers{w}, r, &websocket.AcceptOptions{
+	// The adapter's reader notes the pongs of the keepalive's pings, so
+	// no goroutine waits for one (msgconn.Accept).
+	wc, err := msgconn.Accept(smallBuffers{w}, r, &websocket.AcceptOptions{
 		// Authentication is the register message, not cookies, so a
 		// cross-origin page gains nothing; clients in browsers must work.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
-	})
+	}, r.RemoteAddr)
 	if err != nil {
 		return // Accept already answered the request
 	}
@@ -68,7 +70,6 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 	// response writer and buffers, the stack that ran the TLS handshake).
 	// The request's context ends when the handler returns, so the session
 	// hangs off the broker's.
-	wc := msgconn.FromWebSocket(ws, r.RemoteAddr)
 	if bc := batchOf(r.Context().Value(netConnKey{})); bc != nil {
 		wc.SetBatch(bc)
 		wc.SetWriteBuffer(socketWriteBuffer)

@@ -88,7 +88,9 @@ mkdir -m 700 "$PROF"
 export SECURELINK_CPUPROFILE_DIR=$PROF
 
 read -r UP_PORT BROKER_PORT RFRONT_PORT SCALE_PORT SMETRICS_PORT < <("$LG" freeports -n 5)
-load "$LG" upstream -listen "127.0.0.1:$UP_PORT" >"$WORK/upstream.log" 2>&1 &
+# taskset itself, not load(): a backgrounded function is a subshell, and
+# stopping its pid would leave the upstream running.
+taskset -c "$LOAD_CPU" "$LG" upstream -listen "127.0.0.1:$UP_PORT" >"$WORK/upstream.log" 2>&1 &
 UP_PID=$!
 BG_PIDS+=($UP_PID)
 "$LG" waitport -addr "127.0.0.1:$UP_PORT" -timeout 20s

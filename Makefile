@@ -10,7 +10,7 @@ DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/securelink
 
-.PHONY: bench-http1 all build run test vet fmt-check units install install-check bench fuzz soak clean
+.PHONY: pgo bench-http1 all build run test vet fmt-check units install install-check bench fuzz soak clean
 
 all: build
 
@@ -70,6 +70,13 @@ bench: build
 # side (docs/decisions.md).
 bench-http1: build
 	./bench/http1-spike/run.sh
+
+# Writes cmd/securelink/default.pgo, the CPU profile `go build` applies for
+# profile-guided optimization, from the bench's loads against a build with
+# -tags pgoprofile, about 3 minutes (bench/pgo.sh). None is committed: it
+# measured no gain (docs/decisions.md).
+pgo:
+	./bench/pgo.sh
 
 # Every fuzz target for FUZZTIME each (default 60s), one after another; not
 # part of `make test`, which replays the seed corpora (and committed crashers).

@@ -60,7 +60,7 @@ func TestKeepaliveKeepsNoContextOfItsPings(t *testing.T) {
 	if n := c.n.Load(); n < 3 {
 		t.Fatalf("%d pings answered, want 3", n)
 	}
-	held, _ := memprofile.Sum(func(pcs []uintptr) bool {
+	fromTick := func(pcs []uintptr) bool {
 		frames := runtime.CallersFrames(pcs)
 		inContext, inTick := false, false
 		for {
@@ -71,8 +71,21 @@ func TestKeepaliveKeepsNoContextOfItsPings(t *testing.T) {
 				return inContext && inTick
 			}
 		}
-	})
-	if held > 0 {
+	}
+	// The last ping's deadline context stays reachable for a moment after
+	// stop (the runtime drops a stopped timer, and what its function
+	// holds, from its heap lazily), and a run now and then still sees one
+	// small object of it (32-64 bytes) a second later. What fails is the
+	// context a keepalive kept for the socket's life: 176 bytes and more.
+	const slack = 96
+	var held int64
+	for try := 0; try < 50; try++ {
+		if held, _ = memprofile.Sum(fromTick); held <= slack {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if held > slack {
 		t.Fatalf("the stopped keepalive still holds %d bytes of context its pings allocated", held)
 	}
 	runtime.KeepAlive(stop)

@@ -65,9 +65,16 @@ func putDataHeader(f []byte, id wire.ID) {
 // empties with every message (one in flight) would otherwise lose the
 // array's front slot at each pop and reallocate it at the next append. The
 // queues it serves hold at most StreamQueueFrames items.
-func popFront[T any](q []T) []T {
-	n := copy(q, q[1:])
-	var zero T
-	q[n] = zero
+func popFront[T any](q []T) []T { return popFrontN(q, 1) }
+
+// popFrontN drops q's first k items the same way, with one move of the
+// rest: a message taking several payloads moves the queue once, not once
+// per payload.
+func popFrontN[T any](q []T, k int) []T {
+	if k == 0 {
+		return q
+	}
+	n := copy(q, q[k:])
+	clear(q[n:])
 	return q[:n]
 }

@@ -114,3 +114,26 @@ func TestRelayingAllocatesNoFramePerMessage(t *testing.T) {
 	}
 	t.Logf("%.0f bytes allocated per message (limit %.0f)", perMsg, limit)
 }
+
+// popFrontN drops the first k items in place: the backing array is kept
+// (no reallocation at the next append) and the dropped slots are zeroed
+// (no payload stays reachable from the array's tail).
+func TestPopFrontNKeepsTheArrayAndDropsReferences(t *testing.T) {
+	a, b, c := []byte("a"), []byte("b"), []byte("c")
+	q := make([][]byte, 3, 8)
+	copy(q, [][]byte{a, b, c})
+	full := q[:cap(q)]
+	q = popFrontN(q, 2)
+	if len(q) != 1 || &q[0][0] != &c[0] || cap(q) != 8 || &q[:1][0] != &full[0] {
+		t.Fatalf("popFrontN(2) left %q (cap %d), want [c] in the same array", q, cap(q))
+	}
+	if full[1] != nil || full[2] != nil {
+		t.Fatalf("the dropped slots still hold %q %q", full[1], full[2])
+	}
+	if q = popFrontN(q, 0); len(q) != 1 {
+		t.Fatalf("popFrontN(0) changed the queue: %q", q)
+	}
+	if q = popFront(q); len(q) != 0 || full[0] != nil {
+		t.Fatalf("popFront left %q, slot %q", q, full[0])
+	}
+}

@@ -472,34 +472,38 @@ func (s *stream) takeDown(max int, pool *sync.Pool, split bool) (msg []byte, par
 	if split && len(first) >= partMin && len(s.down[1]) >= partMin {
 		parts = partsPool.Get().(*[][]byte)
 		kind = takeParts
-		for len(s.down) > 0 && size < max && len(s.down[0]) >= partMin {
-			p := s.down[0]
+		taken := 0 // payloads that left the queue whole, dropped at once
+		for taken < len(s.down) && size < max && len(s.down[taken]) >= partMin {
+			p := s.down[taken]
 			k := min(len(p), max-size)
 			*parts = append(*parts, p[:k])
-			if k == len(p) {
-				s.down = popFront(s.down)
-			} else {
-				s.down[0] = p[k:]
-				kind = takePartsCut
-			}
 			size += k
+			if k < len(p) {
+				s.down[taken] = p[k:]
+				kind = takePartsCut
+				break
+			}
+			taken++
 		}
+		s.down = popFrontN(s.down, taken)
 		s.downBytes -= size
 		return nil, parts, size, kind
 	}
 	bp := pool.Get().(*[]byte)
 	buf := (*bp)[:0]
-	for len(s.down) > 0 && len(buf) < max {
-		p := s.down[0]
+	taken := 0
+	for taken < len(s.down) && len(buf) < max {
+		p := s.down[taken]
 		k := min(len(p), max-len(buf))
 		buf = append(buf, p[:k]...)
-		if k == len(p) {
-			s.down = popFront(s.down)
-			putFrame(p) // copied, and no longer in the queue
-		} else {
-			s.down[0] = p[k:]
+		if k < len(p) {
+			s.down[taken] = p[k:]
+			break
 		}
+		putFrame(p) // copied, and leaves the queue below
+		taken++
 	}
+	s.down = popFrontN(s.down, taken)
 	s.downBytes -= len(buf)
 	return buf, nil, len(buf), takeCopy
 }

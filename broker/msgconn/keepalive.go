@@ -65,9 +65,10 @@ func (k Keepalive) Run(ctx context.Context) {
 }
 
 // Start runs the keepalive of Run on a timer and returns at once. The
-// returned function stops it: it cuts a ping in progress and returns once
-// no tick runs any more, so Dead is never called after it returned. It must
-// not be called from Dead.
+// returned function stops it: it cuts a waiting ping and returns once no
+// tick decides any more, so Dead is never called after it returned (a
+// noted-pong ping's frame write may still finish afterwards; it calls
+// nothing). It must not be called from Dead.
 //
 // On a socket whose reader notes pongs (a WebSocket from Accept) a ping is
 // one frame write: the timer's goroutine writes it and ends, the reader

@@ -64,7 +64,8 @@ func putDataHeader(f []byte, id wire.ID) {
 // popFront drops q's first item and keeps its backing array: a queue that
 // empties with every message (one in flight) would otherwise lose the
 // array's front slot at each pop and reallocate it at the next append. The
-// queues it serves hold at most StreamQueueFrames items.
+// queues it serves hold at most StreamQueueFrames items (a credit stream
+// creditQueueFrames times that).
 func popFront[T any](q []T) []T { return popFrontN(q, 1) }
 
 // popFrontN drops q's first k items the same way, with one move of the

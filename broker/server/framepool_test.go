@@ -137,3 +137,28 @@ func TestPopFrontNKeepsTheArrayAndDropsReferences(t *testing.T) {
 		t.Fatalf("popFront left %q, slot %q", q, full[0])
 	}
 }
+
+// A credit stream's queue merges small payloads once it holds
+// StreamQueueFrames entries, but gives each large one (a grown window's
+// 64 KiB DATA) an entry of its own up to creditQueueFrames times that:
+// merging them reallocated and copied the last entry at every append.
+func TestCreditQueueKeepsLargePayloadsApart(t *testing.T) {
+	const frames = 32
+	for _, c := range []struct {
+		k, n  int
+		merge bool
+	}{
+		{0, 64 << 10, false},
+		{frames - 1, 100, false},
+		{frames, 100, true},         // many small frames: 32 entries
+		{frames, partMin - 1, true}, // below a part's size
+		{frames, partMin, false},    // large: an entry of its own
+		{frames, 64 << 10, false},   // the connector's DATA
+		{4*frames - 1, 64 << 10, false},
+		{4 * frames, 64 << 10, true}, // the entries' bound
+	} {
+		if got := mergeCreditPayload(c.k, c.n, frames); got != c.merge {
+			t.Errorf("%d queued, a payload of %d: merge %v, want %v", c.k, c.n, got, c.merge)
+		}
+	}
+}

@@ -308,6 +308,23 @@ func (h *hostSession) queueGrantLocked(s *stream, g uint32) {
 	h.wake.kick()
 }
 
+// creditQueueFrames × StreamQueueFrames is how many payloads of at least
+// partMin bytes a credit stream's queue holds before it merges them: 128
+// of 64 KiB are 8 MiB, above what a grown window (MaxStreamWindow) lets
+// the host send ahead.
+const creditQueueFrames = 4
+
+// mergeCreditPayload says whether a credit stream's payload of n bytes
+// joins the last of the k queued ones (a copy) rather than taking an entry
+// of its own. Many small frames: the queue stays at frames entries. Large
+// ones each keep their own up to creditQueueFrames × frames (credit bounds
+// their bytes): merged, a grown window's 64 KiB payloads made the last
+// entry a buffer reallocated and copied at every append, megabytes of it
+// per window.
+func mergeCreditPayload(k, n, frames int) bool {
+	return k >= frames && (n < partMin || k >= creditQueueFrames*frames)
+}
+
 // growLocked (h.mu held, credit stream s's client just drained bytes) lets
 // the stream's window grow when the host uses it up faster than a grant
 // round trip per window while the client keeps up (wire.RecvWindow.Grow):
@@ -556,8 +573,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				// downWin took them when they arrived), so no grant
 				// overtakes them.
 				h.creditOut -= n
-				if k := len(s.down); k >= b.cfg.StreamQueueFrames {
-					// Many small frames: the queue stays at 32 entries.
+				if k := len(s.down); mergeCreditPayload(k, n, b.cfg.StreamQueueFrames) {
 					s.down[k-1] = append(s.down[k-1], payload...)
 					putFrame(payload) // copied
 				} else {

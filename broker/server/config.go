@@ -77,7 +77,9 @@ type Config struct {
 	// Default 65536.
 	MaxRateSources int
 	// StreamQueueFrames and StreamQueueBytes bound each stream's queue in
-	// each direction. Defaults 32 frames and 8 MiB.
+	// each direction. Defaults 32 frames and 8 MiB. A credit stream's
+	// client-bound queue holds up to creditQueueFrames times the frames
+	// when they are large (its credit bounds their bytes).
 	StreamQueueFrames int
 	StreamQueueBytes  int
 	// HostQueueBytes bounds all host-bound queues of one host together.

@@ -37,11 +37,10 @@ var batchPool = sync.Pool{New: func() any {
 type BatchConn struct {
 	net.Conn
 	// Read-ahead (reader only; crypto/tls serializes its reads): sock is
-	// the socket's raw calls, when raw (it has a RawConn); ahead holds
+	// the socket's raw calls (none when it has no RawConn); ahead holds
 	// bytes read but not yet returned, ahead[aoff:] (pooled; nil when
 	// empty).
 	sock  rawsock.Sock
-	raw   bool
 	ahead *[]byte
 	aoff  int
 	bulk  bool // the last read filled what was asked: read ahead next
@@ -58,7 +57,7 @@ type BatchConn struct {
 func NewBatchConn(c net.Conn) *BatchConn {
 	b := &BatchConn{Conn: c}
 	b.cond.L = &b.mu
-	b.sock, b.raw = rawsock.Of(c)
+	b.sock, _ = rawsock.Of(c)
 	return b
 }
 
@@ -93,7 +92,7 @@ func (b *BatchConn) Read(p []byte) (int, error) {
 		}
 		return n, nil
 	}
-	if !b.raw || len(p) == 0 {
+	if !b.sock.Raw() || len(p) == 0 {
 		return b.Conn.Read(p)
 	}
 	if !b.bulk || len(p) >= readAhead {
@@ -122,7 +121,7 @@ func (b *BatchConn) Read(p []byte) (int, error) {
 // waiting for the poller while the socket is full; deadlines and Close
 // apply as to the plain connection.
 func (b *BatchConn) sockWrite(p []byte) (int, error) {
-	if !b.raw {
+	if !b.sock.Raw() {
 		return b.Conn.Write(p)
 	}
 	return b.sock.Write(p)

@@ -44,6 +44,9 @@ func Of(c net.Conn) (Sock, bool) {
 	return Sock{rc: rc, c: c}, true
 }
 
+// Raw reports whether s is a socket's (Of found one); the zero Sock is not.
+func (s Sock) Raw() bool { return s.rc != nil }
+
 // Read is one read(2) into p, waiting on the poller while the socket is
 // empty; the end of stream is io.EOF, as from the plain connection. The
 // wait holds nothing (awaitReadable: two ppoll(2) calls that do not wait,

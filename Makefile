@@ -31,8 +31,10 @@ vet:
 test: fmt-check vet build units install-check
 	./scripts/ensure-test-deps.sh
 	$(GO) test -race -count=1 -timeout 12m ./...
-	# the raw system calls msgconn makes outside the race detector (sys_raw.go)
-	$(GO) test -count=1 ./broker/msgconn/
+	# the raw system calls made outside the race detector (internal/rawsock's
+	# sys_raw.go): the broker's sockets, the front's client sockets and
+	# upstream legs
+	$(GO) test -count=1 ./internal/rawsock/ ./broker/msgconn/ ./proxy/ ./relay/
 
 # systemd-analyze verify clean and exposure <= 2.0 for every shipped unit.
 units: build

@@ -279,7 +279,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		ln.Close()
 		t.Fatal(err)
 	}
-	go func() { h.served <- h.srv.Serve(ln) }()
+	go func() { h.served <- h.srv.Serve(h.ln) }() // an option may wrap h.ln
 	t.Cleanup(func() {
 		h.srv.Close()
 		select {

@@ -44,7 +44,11 @@ func sendPair(t *testing.T) (*upConn, net.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.conn.Close() })
-	if err := pc.conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
+	var serr error
+	err = pc.raw.Control(func(fd uintptr) { // pc.conn is a rawsock.Conn
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4096)
+	})
+	if err := errors.Join(err, serr); err != nil {
 		t.Fatal(err)
 	}
 	up, err := ln.Accept()

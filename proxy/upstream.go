@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hermes-securelink/securelink/internal/deadline"
+	"github.com/hermes-securelink/securelink/internal/rawsock"
 )
 
 // upstreamPool keeps the keep-alive connections of the direct path (see
@@ -68,6 +69,9 @@ func (p *upstreamPool) get(ctx context.Context, total time.Time) (*upConn, error
 	if err != nil {
 		return nil, err
 	}
+	// Reads and writes are raw system calls (internal/rawsock), as the
+	// client's side of the front.
+	c = rawsock.Wrap(c)
 	pc := &upConn{conn: c}
 	if sc, ok := c.(syscall.Conn); ok {
 		pc.raw, _ = sc.SyscallConn()

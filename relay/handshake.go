@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/hermes-securelink/securelink/internal/rawsock"
 )
 
 // The two WebSocket handshakes of a bridged connection, done by the bridge
@@ -70,6 +72,9 @@ func dialRelayWS(ctx context.Context, u string, h http.Header, offered []string)
 	if err != nil {
 		return nil, nil, err
 	}
+	// The bridged leg's reads and writes are raw system calls
+	// (internal/rawsock), as the client's side of the front.
+	conn = rawsock.Wrap(conn)
 	ok := false
 	defer func() {
 		if !ok {

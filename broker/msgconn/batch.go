@@ -1,11 +1,10 @@
 package msgconn
 
 import (
-	"io"
 	"net"
-	"os"
 	"sync"
-	"syscall"
+
+	"github.com/hermes-securelink/securelink/internal/rawsock"
 )
 
 // batchLimit is what a held BatchConn gathers before it writes anyway.
@@ -34,13 +33,14 @@ var batchPool = sync.Pool{New: func() any {
 // written, so an idle socket holds none. Close never waits for a batch in
 // flight: it closes the socket, which ends the write. Reads are read ahead
 // (see Read). On Linux every read(2) and write(2) is a raw system call
-// through the socket's RawConn (sys_raw.go says why).
+// through the socket's RawConn (internal/rawsock says why).
 type BatchConn struct {
 	net.Conn
-	// Read-ahead (reader only; crypto/tls serializes its reads): raw is
-	// the socket's, nil when it has none; ahead holds bytes read but not
-	// yet returned, ahead[aoff:] (pooled; nil when empty).
-	raw   syscall.RawConn
+	// Read-ahead (reader only; crypto/tls serializes its reads): sock is
+	// the socket's raw calls (none when it has no RawConn); ahead holds
+	// bytes read but not yet returned, ahead[aoff:] (pooled; nil when
+	// empty).
+	sock  rawsock.Sock
 	ahead *[]byte
 	aoff  int
 	bulk  bool // the last read filled what was asked: read ahead next
@@ -57,11 +57,7 @@ type BatchConn struct {
 func NewBatchConn(c net.Conn) *BatchConn {
 	b := &BatchConn{Conn: c}
 	b.cond.L = &b.mu
-	if sc, ok := c.(syscall.Conn); ok && rawIO {
-		if rc, err := sc.SyscallConn(); err == nil {
-			b.raw = rc
-		}
-	}
+	b.sock, _ = rawsock.Of(c)
 	return b
 }
 
@@ -80,13 +76,11 @@ var aheadPool = sync.Pool{New: func() any {
 // smaller Read than readAhead is served from one read(2) of up to
 // readAhead bytes, the rest kept for the next Reads; a read-ahead that
 // brings no more than was asked goes back to plain reads, so a socket of
-// small messages pays nothing for it. The buffer
-// is taken from a pool only once the socket has data (inside the raw
-// read) and goes back as soon as it is drained, so a connection waiting
-// for bytes holds none. Every read(2) is a raw one (sysRead) through the
-// socket's RawConn, and an empty socket is waited for with
-// awaitReadable, which holds nothing. Deadlines and Close apply as to the
-// plain connection (RawConn honours them).
+// small messages pays nothing for it. The buffer is taken from a pool only
+// once the socket has data (rawsock.Sock.ReadPooled) and goes back as soon
+// as it is drained, so a connection waiting for bytes holds none. Every
+// read(2) is a raw one through the socket's RawConn (internal/rawsock).
+// Deadlines and Close apply as to the plain connection.
 func (b *BatchConn) Read(p []byte) (int, error) {
 	if b.ahead != nil {
 		n := copy(p, (*b.ahead)[b.aoff:])
@@ -98,45 +92,18 @@ func (b *BatchConn) Read(p []byte) (int, error) {
 		}
 		return n, nil
 	}
-	if b.raw == nil || len(p) == 0 {
+	if !b.sock.Raw() || len(p) == 0 {
 		return b.Conn.Read(p)
 	}
-	var (
-		n     int
-		errno syscall.Errno
-		bp    *[]byte
-		err   error
-	)
-	for {
-		op := rawOps.Get().(*rawOp)
-		op.p, op.ahead = p, b.bulk && len(p) < readAhead
-		err = b.raw.Read(op.read)
-		n, errno, bp = op.n, op.errno, op.buf
-		op.done()
-		if err != nil || errno != syscall.EAGAIN {
-			break
-		}
-		// Empty: wait for the poller holding nothing (awaitReadable).
-		if err = b.raw.Read(awaitReadable); err != nil {
-			break
-		}
+	if !b.bulk || len(p) >= readAhead {
+		n, err := b.sock.Read(p)
+		b.bulk = err == nil && n == len(p)
+		return n, err
 	}
-	if err == nil && errno != 0 {
-		err = &net.OpError{Op: "read", Net: "tcp", Source: b.Conn.LocalAddr(), Addr: b.Conn.RemoteAddr(), Err: os.NewSyscallError("read", errno)}
-	}
-	if err != nil || n <= 0 {
-		if bp != nil {
-			aheadPool.Put(bp)
-		}
+	n, bp, err := b.sock.ReadPooled(&aheadPool, readAhead)
+	if err != nil {
 		b.bulk = false
-		if err == nil {
-			err = io.EOF
-		}
 		return 0, err
-	}
-	if bp == nil {
-		b.bulk = n == len(p)
-		return n, nil
 	}
 	k := copy(p, (*bp)[:n])
 	if k == n {
@@ -150,78 +117,14 @@ func (b *BatchConn) Read(p []byte) (int, error) {
 	return k, nil
 }
 
-// rawOp is one raw read or write in progress: its arguments, its result
-// and the step functions a RawConn calls (made once per rawOp). They come
-// from a pool, so a socket holds none between calls.
-type rawOp struct {
-	p           []byte  // read: where to; write: what is left after n
-	ahead       bool    // read: into a read-ahead buffer (buf) instead
-	buf         *[]byte // read: the read-ahead buffer taken
-	n           int
-	errno       syscall.Errno
-	read, write func(fd uintptr) bool
-}
-
-var rawOps = sync.Pool{New: func() any {
-	op := new(rawOp)
-	op.read, op.write = op.readStep, op.writeStep
-	return op
-}}
-
-func (op *rawOp) done() {
-	op.p, op.ahead, op.buf, op.n, op.errno = nil, false, nil, 0, 0
-	rawOps.Put(op)
-}
-
-// readStep is one raw read (RawConn.Read calls it, and it never asks to
-// wait: an empty socket is waited for with awaitReadable, holding no op):
-// into p, or into a read-ahead buffer taken only if data is there.
-func (op *rawOp) readStep(fd uintptr) bool {
-	dst := op.p
-	if op.ahead {
-		op.buf = aheadPool.Get().(*[]byte)
-		dst = (*op.buf)[:readAhead]
-	}
-	op.n, op.errno = sysRead(fd, dst)
-	if op.errno != 0 && op.buf != nil {
-		aheadPool.Put(op.buf)
-		op.buf = nil
-	}
-	return true
-}
-
 // sockWrite writes all of p to the socket with raw write(2) calls,
 // waiting for the poller while the socket is full; deadlines and Close
 // apply as to the plain connection.
 func (b *BatchConn) sockWrite(p []byte) (int, error) {
-	if b.raw == nil {
+	if !b.sock.Raw() {
 		return b.Conn.Write(p)
 	}
-	op := rawOps.Get().(*rawOp)
-	op.p = p
-	err := b.raw.Write(op.write)
-	n, errno := op.n, op.errno
-	op.done()
-	if err == nil && errno != 0 {
-		err = &net.OpError{Op: "write", Net: "tcp", Source: b.Conn.LocalAddr(), Addr: b.Conn.RemoteAddr(), Err: os.NewSyscallError("write", errno)}
-	}
-	return n, err
-}
-
-// writeStep is the raw write: false on EAGAIN, to wait for the poller.
-func (op *rawOp) writeStep(fd uintptr) bool {
-	for op.n < len(op.p) {
-		n, errno := sysWrite(fd, op.p[op.n:])
-		if errno == syscall.EAGAIN {
-			return false // wait until writable
-		}
-		if errno != 0 {
-			op.errno = errno
-			return true
-		}
-		op.n += n
-	}
-	return true
+	return b.sock.Write(p)
 }
 
 // Write sends p at once while nothing is held; otherwise it joins the batch

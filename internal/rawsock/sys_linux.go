@@ -1,15 +1,15 @@
 //go:build linux
 
-package msgconn
+package rawsock
 
 import (
 	"syscall"
 	"unsafe"
 )
 
-// rawIO: a BatchConn moves its socket's bytes with raw system calls
-// (sysRead, sysWrite) through the socket's RawConn.
-const rawIO = true
+// Enabled: a Sock moves its socket's bytes with raw system calls (sysRead,
+// sysWrite) through the socket's RawConn.
+const Enabled = true
 
 // pollfd is struct pollfd of poll(2).
 type pollfd struct {
@@ -20,13 +20,13 @@ type pollfd struct {
 
 const pollIn = 0x1 // POLLIN
 
-// awaitReadable is what a BatchConn's reader waits with once a read found
-// the socket empty: RawConn.Read calls it after resetting the poller's
+// awaitReadable is what a Sock's reader waits with once a read found the
+// socket empty: RawConn.Read calls it after resetting the poller's
 // readiness and again after every wake-up, and it reports whether the
 // socket is readable now (data, end of stream or an error: anything that
 // ends a read) with a ppoll(2) that does not wait. It holds no state, so a
 // socket whose reader waits holds nothing for it: the read itself (and
-// the buffer it may take) happens after, in a RawConn.Read that returns
+// the pooled buffer ReadPooled may take) happens after, in a RawConn.Read that returns
 // at once. The level check makes the edge-triggered poller's reset safe:
 // bytes that arrived before it are seen here.
 func awaitReadable(fd uintptr) bool {

@@ -1,13 +1,14 @@
 //go:build !linux
 
-package msgconn
+package rawsock
 
 import "syscall"
 
-// rawIO: elsewhere than on Linux a BatchConn reads and writes through the
-// connection's own Read and Write (no read-ahead).
-const rawIO = false
+// Enabled: elsewhere than on Linux no socket is raw (Of reports none, Wrap
+// returns the connection itself).
+const Enabled = false
 
 func sysRead(uintptr, []byte) (int, syscall.Errno)  { return 0, syscall.ENOSYS }
 func sysWrite(uintptr, []byte) (int, syscall.Errno) { return 0, syscall.ENOSYS }
+func sysPeek(uintptr, []byte) (int, syscall.Errno)  { return 0, syscall.ENOSYS }
 func awaitReadable(uintptr) bool                    { return true }

@@ -1,11 +1,12 @@
 //go:build linux && race
 
-package msgconn
+package rawsock
 
 import "syscall"
 
-// sysRead and sysWrite: see sys_raw.go. Under the race detector, the
-// syscall package's calls (they tell the detector of the bytes they move).
+// sysRead, sysWrite and sysPeek: see sys_raw.go. Under the race detector,
+// the syscall package's calls (they tell the detector of the bytes they
+// move).
 func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	for {
 		n, err := syscall.Read(int(fd), p)
@@ -18,6 +19,15 @@ func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
 func sysWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 	for {
 		n, err := syscall.Write(int(fd), p)
+		if err != syscall.EINTR {
+			return sysErr(n, err)
+		}
+	}
+}
+
+func sysPeek(fd uintptr, p []byte) (int, syscall.Errno) {
+	for {
+		n, _, err := syscall.Recvfrom(int(fd), p, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		if err != syscall.EINTR {
 			return sysErr(n, err)
 		}

@@ -1,0 +1,90 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
+	"github.com/hermes-securelink/securelink/broker/server"
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
+
+// TestForwardedClientKeepalive: a client relayed by an instance that does
+// not hold its host is pinged there with the spec's keepalive (shortened
+// here); once it stops answering, that instance closes it and the peer
+// link, so the stream ends on the owner and the host gets its CLOSE.
+func TestForwardedClientKeepalive(t *testing.T) {
+	r := newRigWith(t, 3*time.Second, ownFirst, func(c *server.Config) {
+		c.PingInterval = 50 * time.Millisecond
+		c.PongTimeout = 400 * time.Millisecond
+	})
+	route := wire.Secret("route-" + testenv.RandomSecret(""))
+	hA := r.hostOn(0)
+	r.publishRoute(hA, "dev1", route)
+	r.mirrored(hA, 1, route)
+	drainOpens(hA)
+
+	// A client that answers pings stays through many intervals.
+	live, liveID := r.matched(hA, 1, wire.KindRoute, route)
+
+	// A client that stops reading answers no ping (the WebSocket library
+	// answers them while it reads).
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Step)
+	defer cancel()
+	silent := r.dialRaw(1)
+	reg, _ := wire.Marshal(wire.Register{Role: wire.RoleClient, HostID: r.hostID, ConnectionID: wire.NewID(), CredentialKind: wire.KindRoute, Token: route})
+	if err := silent.Write(ctx, websocket.MessageText, reg); err != nil {
+		t.Fatal(err)
+	}
+	_, data, err := silent.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := wire.ParseBrokerMessage(data)
+	mm, ok := m.(wire.Matched)
+	if err != nil || !ok {
+		t.Fatalf("silent client not matched: %#v %v", m, err)
+	}
+	if o, ok := hA.msg().(wire.Open); !ok || o.StreamID != mm.StreamID {
+		t.Fatal("host did not get open for the silent client")
+	}
+	// The silent client's stream ends on the owner: the host gets CLOSE.
+	for {
+		rr := hA.read()
+		if rr.err != nil {
+			t.Fatalf("host socket: %v", rr.err)
+		}
+		f, err := wire.ParseFrame(rr.data)
+		if err == nil && f.StreamID == mm.StreamID && f.Flags == wire.FlagClose {
+			break
+		}
+		if err == nil && f.StreamID == liveID {
+			t.Fatal("the live client's stream ended")
+		}
+	}
+	if n := r.brokers[1].B.Stats().Counts["forward:ping_timeout"]; n != 1 {
+		t.Fatalf("forward:ping_timeout = %d, want 1", n)
+	}
+	// The silent client, reading again, finds its socket closed by the
+	// forwarding instance.
+	for {
+		_, _, err := silent.Read(ctx)
+		if err != nil {
+			var ce websocket.CloseError
+			if errors.As(err, &ce) && (ce.Code != websocket.StatusGoingAway || ce.Reason != "ping timeout") {
+				t.Fatalf("silent client closed with %v, want 1001 ping timeout", err)
+			}
+			break
+		}
+	}
+	// The answering one still relays, well past the pong timeout.
+	time.Sleep(600 * time.Millisecond)
+	echo(t, hA, live, liveID, payload(20_000))
+	if n := r.brokers[1].B.Stats().Counts["forward:ping_timeout"]; n != 1 {
+		t.Fatalf("forward:ping_timeout = %d after the live client, want 1", n)
+	}
+}

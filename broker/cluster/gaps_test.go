@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,4 +88,52 @@ func TestForwardedClientKeepalive(t *testing.T) {
 	if n := r.brokers[1].B.Stats().Counts["forward:ping_timeout"]; n != 1 {
 		t.Fatalf("forward:ping_timeout = %d after the live client, want 1", n)
 	}
+}
+
+// holdWatch holds back the changes instance i's mirror receives from the
+// engine until the returned function is called (or the test ends).
+func (r *rig) holdWatch(i int) (release func()) {
+	gate := make(chan struct{})
+	r.shared[i].followGate.Store(&gate)
+	var once sync.Once
+	release = func() { once.Do(func() { r.shared[i].followGate.Store(nil); close(gate) }) }
+	r.t.Cleanup(release)
+	return release
+}
+
+// TestMirrorMissAsksTheEngine: a client that lands on an instance whose
+// mirror has not yet received a publication (its watch held back) is not
+// refused `unauthorized`: the instance reads the credential from the
+// engine once and matches it, whether the host is elsewhere (forwarded)
+// or here (a bootstrap, consumed through the read).
+func TestMirrorMissAsksTheEngine(t *testing.T) {
+	r := newRig(t, 10*time.Minute)
+	hA := r.hostOn(0)
+	release := r.holdWatch(1)
+	route := wire.Secret("route-" + testenv.RandomSecret(""))
+	r.publishRoute(hA, "dev1", route)
+	c, id := r.matched(hA, 1, wire.KindRoute, route)
+	echo(t, hA, c, id, payload(10_000))
+	if n := r.brokers[1].B.Stats().Counts["cluster:mirror_miss"]; n != 1 {
+		t.Fatalf("cluster:mirror_miss = %d, want 1", n)
+	}
+	// An unknown digest is still refused, after the one read.
+	if _, m := r.client(1, wire.KindRoute, wire.Secret("route-"+testenv.RandomSecret("")), wire.NewID()); code(m) != wire.CodeUnauthorized {
+		t.Fatalf("unknown route: %#v", m)
+	}
+
+	// The host, now also registered on B, published a bootstrap on A
+	// that B's mirror has not received: B consumes it through the read.
+	hB := r.hostOn(1)
+	boot := wire.Secret("boot-" + testenv.RandomSecret(""))
+	r.publishBootstrap(hA, "pair1", boot)
+	c, id = r.matched(hB, 1, wire.KindBootstrap, boot)
+	echo(t, hB, c, id, payload(1000))
+	if _, m := r.client(1, wire.KindBootstrap, boot, wire.NewID()); code(m) != wire.CodeReplayed {
+		t.Fatalf("bootstrap used through the read, presented again on B: %#v, want replayed", m)
+	}
+	if _, m := r.client(0, wire.KindBootstrap, boot, wire.NewID()); code(m) != wire.CodeReplayed {
+		t.Fatalf("bootstrap used through the read, presented on A: %#v, want replayed", m)
+	}
+	release()
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -75,6 +76,10 @@ type State struct {
 	js     jetstream.JetStream
 	state  jetstream.KeyValue
 	replay jetstream.KeyValue
+
+	// followGate, in tests, holds back Follow's delivery of live changes
+	// until the channel closes (a mirror that lags the engine).
+	followGate atomic.Pointer[chan struct{}]
 }
 
 var _ server.Shared = (*State)(nil)
@@ -249,6 +254,22 @@ func (s *State) ClaimConsumed(ctx context.Context, d wire.Digest, exp time.Time)
 	return s.create(ctx, s.state, preConsumed+d.String(), exp.Unix())
 }
 
+// LookupCredential reads c.<digest> from the state bucket.
+func (s *State) LookupCredential(ctx context.Context, d wire.Digest) (store.Credential, bool, error) {
+	e, err := s.state.Get(ctx, preCred+d.String())
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return store.Credential{}, false, nil
+	case err != nil:
+		return store.Credential{}, false, err
+	}
+	op, ok := s.decode(e, false)
+	if !ok || (op.Kind != store.OpPutBootstrap && op.Kind != store.OpPutRoute) {
+		return store.Credential{}, false, nil
+	}
+	return op.Cred, true, nil
+}
+
 // Follow delivers every entry of the state bucket, returns once the
 // current ones are delivered, and then delivers changes other instances
 // make until ctx ends. A deleted or expired credential is delivered as
@@ -283,6 +304,13 @@ func (s *State) Follow(ctx context.Context, apply func(store.Op)) error {
 						close(ready)
 					}
 					continue
+				}
+				if g := s.followGate.Load(); g != nil && loaded {
+					select {
+					case <-*g:
+					case <-ctx.Done():
+						return
+					}
 				}
 				if op, ok := s.decode(e, loaded); ok {
 					apply(op)

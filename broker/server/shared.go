@@ -30,8 +30,54 @@ type Shared interface {
 	// ClaimConsumed records bootstrap digest d as used until exp, once
 	// across the cluster: false when it was used already.
 	ClaimConsumed(ctx context.Context, d wire.Digest, exp time.Time) (bool, error)
+	// LookupCredential reads credential d from the engine, for a digest
+	// the mirror does not know (it may lag the engine): found is false
+	// when the engine has none either.
+	LookupCredential(ctx context.Context, d wire.Digest) (c store.Credential, found bool, err error)
 	// Timeout bounds one engine operation (cluster.engine_timeout).
 	Timeout() time.Duration
+}
+
+// maxLookups bounds the engine reads of unknown credential digests in
+// flight on one instance (lookupShared); past it a client is answered
+// `unavailable` and retries.
+const maxLookups = 64
+
+// errUnknownCredential is admitLocked's answer for a digest the mirror
+// does not hold; in cluster mode match asks the engine before giving it.
+var errUnknownCredential = &wire.Error{Code: wire.CodeUnauthorized, Detail: "unknown credential"}
+
+// lookupShared reads credential d from the engine after a mirror miss
+// (match, cluster mode): a client that lands here right after the host
+// published on another instance would otherwise be refused while the
+// watch has not delivered the publication. The credential found is used
+// for this match only, never put in the mirror: the watch may already have
+// delivered a later delete of it, which a late insert would undo. Consumed
+// and revoked digests are still decided by the mirror and the engine's
+// creates, as without the read. nil, nil: the engine has no such
+// credential either. The engine unreachable → `unavailable`, never an
+// accept.
+func (b *Broker) lookupShared(ctx context.Context, d wire.Digest) (*store.Credential, error) {
+	select {
+	case b.lookups <- struct{}{}:
+		defer func() { <-b.lookups }()
+	default:
+		b.count("cluster:lookup_busy")
+		return nil, &wire.Error{Code: wire.CodeUnavailable, Detail: "too many engine reads of unknown credentials in flight"}
+	}
+	b.count("cluster:mirror_miss")
+	sh := b.cfg.Shared
+	cctx, cancel := context.WithTimeout(ctx, sh.Timeout())
+	defer cancel()
+	c, found, err := sh.LookupCredential(cctx, d)
+	switch {
+	case err != nil:
+		b.count("cluster:engine_error")
+		return nil, errEngine
+	case !found:
+		return nil, nil
+	}
+	return &c, nil
 }
 
 // stateWriter makes the state's changes durable: the state file's

@@ -137,3 +137,49 @@ func TestMirrorMissAsksTheEngine(t *testing.T) {
 	}
 	release()
 }
+
+// TestReplaySharesAcrossInstances: the host's and a credential's replay
+// shares are counted in the engine, so two instances holding the host
+// fill one share together; a client over it is refused `quota_exceeded`
+// and its connection_id is not kept as accepted.
+func TestReplaySharesAcrossInstances(t *testing.T) {
+	r := newRigWith(t, 10*time.Minute, ownFirst, func(c *server.Config) {
+		c.ReplayPerHost, c.ReplayPerCredential = 5, 3
+	})
+	hA := r.hostOn(0)
+	route1 := wire.Secret("route-" + testenv.RandomSecret(""))
+	route2 := wire.Secret("route-" + testenv.RandomSecret(""))
+	before := r.mirroredOps(1)
+	r.publishRoute(hA, "dev1", route1)
+	r.publishRoute(hA, "dev2", route2)
+	testenv.WaitFor(t, "B mirrors both routes", func() bool { return r.mirroredOps(1) >= before+2 })
+	// The host holds registrations on A and B at once (a long lease: A
+	// keeps its own), so clients of each are matched where they land.
+	hB := r.hostOn(1)
+
+	// route1: two clients on A and one on B fill its share of 3.
+	r.matched(hA, 0, wire.KindRoute, route1)
+	r.matched(hA, 0, wire.KindRoute, route1)
+	r.matched(hB, 1, wire.KindRoute, route1)
+	over := wire.NewID()
+	if _, m := r.client(1, wire.KindRoute, route1, over); code(m) != wire.CodeQuotaExceeded {
+		t.Fatalf("a 4th client of route1 on B: %#v, want quota_exceeded", m)
+	}
+	// Its connection_id was not kept: presented again (here on C, which
+	// forwards to the host's newest instance) it is over the share again,
+	// not replayed.
+	if _, m := r.client(2, wire.KindRoute, route1, over); code(m) != wire.CodeQuotaExceeded {
+		t.Fatalf("the refused connection_id again, on C: %#v, want quota_exceeded", m)
+	}
+	// route2: two clients on B bring the host to its share of 5.
+	r.matched(hB, 1, wire.KindRoute, route2)
+	r.matched(hB, 1, wire.KindRoute, route2)
+	for _, i := range []int{0, 1} {
+		if _, m := r.client(i, wire.KindRoute, route2, wire.NewID()); code(m) != wire.CodeQuotaExceeded {
+			t.Fatalf("a 6th client of the host on broker %d: %#v, want quota_exceeded", i, m)
+		}
+	}
+	if n := r.brokers[0].B.Stats().Counts["cluster:replay_share_full"] + r.brokers[1].B.Stats().Counts["cluster:replay_share_full"]; n != 4 {
+		t.Fatalf("cluster:replay_share_full = %d, want 4", n)
+	}
+}

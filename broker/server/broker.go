@@ -451,6 +451,9 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 		b.mu.Lock()
 		cred, h, err = b.admitLocked(reg, d, now, fwd, found)
 	}
+	if err == nil && b.cfg.Shared != nil {
+		err = b.admitSharedLocked(ctx, h, cred, reg.ConnectionID)
+	}
 	if err != nil {
 		b.mu.Unlock()
 		return nil, err
@@ -460,12 +463,6 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 		s := b.openLocked(h, c, cred)
 		b.mu.Unlock()
 		return s, nil
-	}
-	if b.cfg.Shared != nil {
-		if err := b.claimBootstrapLocked(ctx, h, cred); err != nil {
-			b.mu.Unlock()
-			return nil, err
-		}
 	}
 	if _, ok := b.state.Lookup(d); !ok && b.cfg.Shared != nil {
 		// Read from the engine (lookupShared), whose claim above already
@@ -572,7 +569,15 @@ func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time, fo
 		return fail(wire.CodeQuotaExceeded, "a tracking table is full")
 	}
 	// Past its credential's or its host's share of the replay cache, a
-	// client is refused until entries expire; others are unaffected.
+	// client is refused until entries expire; others are unaffected. In
+	// cluster mode the shares are counted in the engine first and the
+	// entry added here after (admitSharedLocked).
+	if b.cfg.Shared != nil {
+		if !b.clientReplay.Room(h.id, d, sec) {
+			return fail(wire.CodeQuotaExceeded, "replay cache share of this credential or host is full")
+		}
+		return cred, h, nil
+	}
 	if !b.clientReplay.Add(reg.ConnectionID, h.id, d, sec+replaySeconds, sec) {
 		return fail(wire.CodeQuotaExceeded, "replay cache share of this credential or host is full")
 	}

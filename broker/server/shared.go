@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/store"
@@ -30,6 +31,14 @@ type Shared interface {
 	// ClaimConsumed records bootstrap digest d as used until exp, once
 	// across the cluster: false when it was used already.
 	ClaimConsumed(ctx context.Context, d wire.Digest, exp time.Time) (bool, error)
+	// CountReplay counts one accepted client registration, remembered
+	// until exp, in host's replay share (at most perHost) and credential
+	// d's (perCred), across the cluster: false, counting neither, when
+	// one is full.
+	CountReplay(ctx context.Context, host wire.ID, d wire.Digest, exp time.Time, perHost, perCred int) (bool, error)
+	// ReleaseConnectionID undoes ClaimConnectionID for a registration
+	// refused after it.
+	ReleaseConnectionID(ctx context.Context, id wire.ID) error
 	// LookupCredential reads credential d from the engine, for a digest
 	// the mirror does not know (it may lag the engine): found is false
 	// when the engine has none either.
@@ -199,40 +208,72 @@ func (b *Broker) claimID(ctx context.Context, id wire.ID) error {
 	return nil
 }
 
-// claimBootstrapLocked (b.mu held; released while the engine answers,
-// held again on return) records a bootstrap's one use in the engine after
-// the matching order passed on this instance's mirror: exactly one
-// instance's create succeeds. The stream's slot on h stays reserved
-// meanwhile. (A client's connection_id was claimed before the matching
-// order ran, by claimID in match.)
-func (b *Broker) claimBootstrapLocked(ctx context.Context, h *hostSession, cred store.Credential) error {
+// admitSharedLocked (b.mu held; released while the engine answers, held
+// again on return) records in the engine what the matching order that
+// passed on this instance decided: the client's place in its host's and
+// its credential's replay shares (over either → quota_exceeded, and the
+// connection_id claim is deleted again: the id was not accepted), then a
+// bootstrap's one use, which exactly one instance's create wins. The
+// stream's slot on h, and on a route its per-route slot, stay reserved
+// meanwhile; the connection_id enters the local replay table once the
+// engine counted it. (A client's connection_id was claimed before the
+// matching order ran, by claimID in match, or by the instance that
+// forwarded it.)
+func (b *Broker) admitSharedLocked(ctx context.Context, h *hostSession, cred store.Credential, id wire.ID) error {
 	h.mu.Lock()
 	h.reserved++
 	h.mu.Unlock()
+	route := cred.Kind == wire.KindRoute
+	if route {
+		b.routeLive[cred.Digest]++
+	}
 	b.mu.Unlock()
 	sh := b.cfg.Shared
+	now := b.cfg.now()
 	cctx, cancel := context.WithTimeout(ctx, sh.Timeout())
-	ok, err := sh.ClaimConsumed(cctx, cred.Digest, time.Unix(cred.ExpiresAt, 0))
-	cancel()
+	ok, err := sh.CountReplay(cctx, h.id, cred.Digest, now.Add(wire.ReplayTTL), b.cfg.ReplayPerHost, b.cfg.ReplayPerCredential)
 	switch {
 	case err != nil:
+	case !ok:
+		b.count("cluster:replay_share_full")
+		if sh.ReleaseConnectionID(cctx, id) != nil {
+			b.count("cluster:engine_error")
+		}
+		err = &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay share of this credential or host is full across the cluster"}
+	case cred.Kind == wire.KindBootstrap:
+		ok, err = sh.ClaimConsumed(cctx, cred.Digest, time.Unix(cred.ExpiresAt, 0))
+		if err == nil && !ok {
+			err = &wire.Error{Code: wire.CodeReplayed, Detail: "bootstrap token already consumed on another instance"}
+		}
+	}
+	cancel()
+	var we *wire.Error
+	if err != nil && !errors.As(err, &we) {
 		b.count("cluster:engine_error")
 		err = errEngine
-	case !ok:
-		err = &wire.Error{Code: wire.CodeReplayed, Detail: "bootstrap token already consumed on another instance"}
 	}
 	b.mu.Lock()
+	if route {
+		if b.routeLive[cred.Digest]--; b.routeLive[cred.Digest] <= 0 {
+			delete(b.routeLive, cred.Digest)
+		}
+	}
 	h.mu.Lock()
 	h.reserved--
 	ended := h.end != nil
 	h.mu.Unlock()
+	sec := now.Unix()
 	switch {
 	case err != nil:
 		return err
 	case b.closing:
 		return errShuttingDown
 	case ended:
-		return &wire.Error{Code: wire.CodeHostOffline, Detail: "host left while the bootstrap use was recorded"}
+		return &wire.Error{Code: wire.CodeHostOffline, Detail: "host left while the match was recorded"}
+	case !b.clientReplay.Add(id, h.id, cred.Digest, sec+replaySeconds, sec):
+		// Another match filled the local table meanwhile; the engine
+		// counts this one once too often, which lets fewer in, not more.
+		return &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay cache share of this credential or host is full"}
 	}
 	return nil
 }

@@ -39,13 +39,15 @@ type rig struct {
 	peerEnd []context.CancelFunc // stops the running ServePeer
 	hostID  wire.ID
 	token   wire.Secret
+	// hostsFile is the hosts file every instance reads.
+	hostsFile string
 }
 
 // newEngineRig starts the JetStream cluster and writes a hosts file with
 // the rig's one host; the caller starts the brokers.
 func newEngineRig(t *testing.T, hostsFile string) *rig {
 	t.Helper()
-	r := &rig{t: t, nats: startNATSCluster(t)}
+	r := &rig{t: t, nats: startNATSCluster(t), hostsFile: hostsFile}
 	id, tok, err := store.AddHost(hostsFile)
 	if err != nil {
 		t.Fatal(err)

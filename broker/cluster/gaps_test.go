@@ -11,6 +11,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/server"
+	"github.com/hermes-securelink/securelink/broker/store"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
 
@@ -181,5 +182,55 @@ func TestReplaySharesAcrossInstances(t *testing.T) {
 	}
 	if n := r.brokers[0].B.Stats().Counts["cluster:replay_share_full"] + r.brokers[1].B.Stats().Counts["cluster:replay_share_full"]; n != 4 {
 		t.Fatalf("cluster:replay_share_full = %d, want 4", n)
+	}
+}
+
+// TestReloadLoadsAddedHosts: a host added to the hosts file and reloaded
+// (SIGHUP) on one instance registers and publishes there; another
+// instance, whose mirror skipped that publication while the host was not
+// in its list, loads it from the engine when it reloads too, so its first
+// client is matched from the mirror, without a miss.
+func TestReloadLoadsAddedHosts(t *testing.T) {
+	r := newRig(t, 10*time.Minute)
+	id, tok, err := store.AddHost(r.hostsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host2, err := wire.ParseID(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.brokers[0].B.ReloadHosts(); err != nil {
+		t.Fatal(err)
+	}
+	h2 := r.dial(0)
+	h2.sendMsg(wire.Register{Role: wire.RoleHost, HostID: host2, ConnectionID: wire.NewID(), CredentialKind: wire.KindHost, Token: tok})
+	if _, ok := h2.msg().(wire.Registered); !ok {
+		t.Fatal("the added host did not register on A")
+	}
+	route2 := wire.Secret("route-" + testenv.RandomSecret(""))
+	r.publishRoute(h2, "dev2", route2)
+	// A later publication of the first host reaching B's mirror means
+	// B's watch delivered (and skipped) the added host's before it.
+	hA := r.hostOn(0)
+	before := r.mirroredOps(1)
+	r.publishRoute(hA, "dev1", wire.Secret("route-"+testenv.RandomSecret("")))
+	testenv.WaitFor(t, "B mirrors the first host's route", func() bool { return r.mirroredOps(1) > before })
+
+	if err := r.brokers[1].B.ReloadHosts(); err != nil {
+		t.Fatal(err)
+	}
+	c := r.dial(1)
+	c.sendMsg(wire.Register{Role: wire.RoleClient, HostID: host2, ConnectionID: wire.NewID(), CredentialKind: wire.KindRoute, Token: route2})
+	mm, ok := c.msg().(wire.Matched)
+	if !ok {
+		t.Fatal("the added host's route not matched through B")
+	}
+	if o, ok := h2.msg().(wire.Open); !ok || o.StreamID != mm.StreamID {
+		t.Fatal("the added host did not get open")
+	}
+	echo(t, h2, c, mm.StreamID, payload(5000))
+	if n := r.brokers[1].B.Stats().Counts["cluster:mirror_miss"]; n != 0 {
+		t.Fatalf("B read %d credentials from the engine at a miss; its reload should have loaded them", n)
 	}
 }

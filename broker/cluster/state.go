@@ -77,9 +77,19 @@ type State struct {
 	state  jetstream.KeyValue
 	replay jetstream.KeyValue
 
+	// reloads hands Reload's requests to Follow's goroutine.
+	reloads chan reload
+
 	// followGate, in tests, holds back Follow's delivery of live changes
 	// until the channel closes (a mirror that lags the engine).
 	followGate atomic.Pointer[chan struct{}]
+}
+
+// reload is one Reload: the current entries go to apply, then done.
+type reload struct {
+	ctx   context.Context
+	apply func(store.Op)
+	done  chan error
 }
 
 var _ server.Shared = (*State)(nil)
@@ -107,7 +117,7 @@ func Open(ctx context.Context, opt Options) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: connect: %w", err)
 	}
-	s := &State{opt: opt, nc: nc}
+	s := &State{opt: opt, nc: nc, reloads: make(chan reload)}
 	if s.js, err = jetstream.New(nc); err != nil {
 		nc.Close()
 		return nil, err
@@ -291,6 +301,8 @@ func (s *State) Follow(ctx context.Context, apply func(store.Op)) error {
 					close(ready)
 				}
 				return
+			case rl := <-s.reloads:
+				rl.done <- s.current(rl.ctx, rl.apply)
 			case e, ok := <-w.Updates():
 				if !ok {
 					if !loaded {
@@ -323,6 +335,51 @@ func (s *State) Follow(ctx context.Context, apply func(store.Op)) error {
 		return ctx.Err()
 	case <-time.After(30 * s.opt.Timeout):
 		return errors.New("cluster: the state bucket did not load in time")
+	}
+}
+
+// Reload delivers the state bucket's current entries to apply again, on
+// Follow's goroutine between two of its changes: a change Follow delivers
+// after them is newer or replays one already in them (and the ones after
+// it follow), so a mirror that applies both ends as the engine is. It
+// waits for ctx, and needs Follow running.
+func (s *State) Reload(ctx context.Context, apply func(store.Op)) error {
+	rl := reload{ctx: ctx, apply: apply, done: make(chan error, 1)}
+	select {
+	case s.reloads <- rl:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-rl.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// current delivers the bucket's current entries (deleted ones skipped).
+func (s *State) current(ctx context.Context, apply func(store.Op)) error {
+	w, err := s.state.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("cluster: reload: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return errors.New("cluster: reload: the watch ended")
+			case e == nil:
+				return nil
+			}
+			if op, ok := s.decode(e, false); ok {
+				apply(op)
+			}
+		}
 	}
 }
 

@@ -767,6 +767,12 @@ func (b *Broker) ReloadHosts() error {
 		return fmt.Errorf("broker: reload: %w", err)
 	}
 	b.mu.Lock()
+	added := map[wire.ID]struct{}{}
+	for id := range hosts {
+		if _, ok := b.hostKeys[id]; !ok {
+			added[id] = struct{}{}
+		}
+	}
 	b.hostKeys = hosts
 	revoked := 0
 	for id, h := range b.hosts {
@@ -782,6 +788,9 @@ func (b *Broker) ReloadHosts() error {
 		b.persist.Mark()
 	}
 	b.log.Info().Int("hosts", len(hosts)).Int("registrations_revoked", revoked).Int("credentials_dropped", dropped).Msg("hosts file reloaded")
+	if b.cfg.Shared != nil && len(added) > 0 {
+		b.loadAddedHosts(added)
+	}
 	return nil
 }
 

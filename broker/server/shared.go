@@ -43,6 +43,10 @@ type Shared interface {
 	// the mirror does not know (it may lag the engine): found is false
 	// when the engine has none either.
 	LookupCredential(ctx context.Context, d wire.Digest) (c store.Credential, found bool, err error)
+	// Reload delivers the engine's current state to apply again, in order
+	// with Follow's changes (a hosts-file reload: the mirror skipped the
+	// credentials of hosts it did not list).
+	Reload(ctx context.Context, apply func(store.Op)) error
 	// Timeout bounds one engine operation (cluster.engine_timeout).
 	Timeout() time.Duration
 }
@@ -174,6 +178,33 @@ func (b *Broker) applyShared(op store.Op) {
 			h.mu.Unlock()
 		}
 	}
+}
+
+// loadAddedHosts gives the mirror the engine's credentials of hosts a
+// hosts-file reload added (ReloadHosts, cluster mode): the mirror skipped
+// them while they were not listed. Credentials of other hosts are not
+// touched; consumed and revoked digests were mirrored all along. A failed
+// load leaves the misses to lookupShared.
+func (b *Broker) loadAddedHosts(added map[wire.ID]struct{}) {
+	sh := b.cfg.Shared
+	ctx, cancel := context.WithTimeout(context.Background(), 5*sh.Timeout())
+	defer cancel()
+	n := 0
+	err := sh.Reload(ctx, func(op store.Op) {
+		if op.Kind != store.OpPutBootstrap && op.Kind != store.OpPutRoute {
+			return
+		}
+		if _, ok := added[op.Cred.HostID]; ok {
+			n++
+			b.applyShared(op)
+		}
+	})
+	if err != nil {
+		b.count("cluster:engine_error")
+		b.log.Warn().Int("hosts_added", len(added)).Msg("the credentials of hosts added to the hosts file could not be loaded from the engine; each is read at its first use")
+		return
+	}
+	b.log.Info().Int("hosts_added", len(added)).Int("credentials", n).Msg("credentials of added hosts loaded from the engine")
 }
 
 // claimHost records a host registration's connection_id in the engine

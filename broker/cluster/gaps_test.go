@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,5 +233,60 @@ func TestReloadLoadsAddedHosts(t *testing.T) {
 	echo(t, h2, c, mm.StreamID, payload(5000))
 	if n := r.brokers[1].B.Stats().Counts["cluster:mirror_miss"]; n != 0 {
 		t.Fatalf("B read %d credentials from the engine at a miss; its reload should have loaded them", n)
+	}
+}
+
+// TestRouteReplacementIsAtomic: a publish that replaces a route (the new
+// route's put and the old one's delete) is one atomic batch in the
+// engine. With the engine lost after the first op was sent, the publish
+// answers `unavailable` and the engine shows neither half: the old route
+// stays, the new one never appears.
+func TestRouteReplacementIsAtomic(t *testing.T) {
+	r := newRig(t, 10*time.Minute)
+	if !r.shared[0].atomic {
+		t.Fatal("the engine does not take atomic batches (nats-server >= 2.12 expected)")
+	}
+	hA := r.hostOn(0)
+	engine := func(tok wire.Secret) bool {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Step)
+		defer cancel()
+		_, found, err := r.shared[1].LookupCredential(ctx, wire.TokenDigest(string(tok)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return found
+	}
+	t1 := wire.Secret("route-" + testenv.RandomSecret(""))
+	t2 := wire.Secret("route-" + testenv.RandomSecret(""))
+	t3 := wire.Secret("route-" + testenv.RandomSecret(""))
+	r.publishRoute(hA, "dev1", t1)
+	r.publishRoute(hA, "dev1", t2) // replaces t1, through a batch
+	if engine(t1) || !engine(t2) {
+		t.Fatalf("after a replacement the engine holds t1=%v t2=%v, want only t2", engine(t1), engine(t2))
+	}
+
+	// The engine is lost after the replacement's first op was sent.
+	var ops atomic.Int32
+	hook := func(i int) {
+		ops.Add(1)
+		if i == 0 {
+			r.shared[0].nc.Close()
+		}
+	}
+	r.shared[0].writeHook.Store(&hook)
+	hA.sendMsg(wire.PublishRoute{CredentialID: "dev1", TokenSHA256: wire.TokenDigest(string(t3)),
+		ExpiresAt: time.Now().Add(time.Hour).Unix(), DeviceIDHash: wire.TokenDigest("device")})
+	if m := hA.reply(); code(m) != wire.CodeUnavailable {
+		t.Fatalf("a replacement the engine lost half-way: %#v, want unavailable", m)
+	}
+	if n := ops.Load(); n != 1 {
+		t.Fatalf("the write went past its first op (%d) after the engine was lost", n)
+	}
+	for range 3 { // and it stays so
+		if !engine(t2) || engine(t3) {
+			t.Fatalf("after a replacement lost half-way the engine holds t2=%v t3=%v, want t2 only", engine(t2), engine(t3))
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

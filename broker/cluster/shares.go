@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -90,24 +92,75 @@ func (s *State) CountReplay(ctx context.Context, host wire.ID, d wire.Digest, ex
 	return true, nil
 }
 
+// shareCache remembers the value and revision this instance last wrote to
+// each counter, so the next change of it (the host's next client, here on
+// its owner) writes at that revision without reading first; another
+// instance's change in between fails the write, which then reads. It is a
+// guess, never a decision: a refusal on a cached count reads again too.
+type shareCache struct {
+	mu sync.Mutex
+	m  map[string]cachedShare
+}
+
+type cachedShare struct {
+	c   shareCount
+	rev uint64
+}
+
+// maxCachedShares bounds shareCache (a full cache starts over).
+const maxCachedShares = 4096
+
+func (sc *shareCache) get(key string) (cachedShare, bool) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	v, ok := sc.m[key]
+	v.c.Slots = slices.Clone(v.c.Slots)
+	return v, ok
+}
+
+func (sc *shareCache) put(key string, c shareCount, rev uint64) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.m == nil || len(sc.m) >= maxCachedShares {
+		sc.m = map[string]cachedShare{}
+	}
+	sc.m[key] = cachedShare{c: shareCount{Slots: slices.Clone(c.Slots)}, rev: rev}
+}
+
+func (sc *shareCache) drop(key string) {
+	sc.mu.Lock()
+	delete(sc.m, key)
+	sc.mu.Unlock()
+}
+
 // addShare adds delta to the counter key, unless delta is positive and the
 // live count is at limit already (then false). The key lives until its
 // last slot ends.
 func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, delta int64) (bool, error) {
+	cached, guess := s.shares.get(key)
 	for range shareRetries {
 		var c shareCount
 		var rev uint64
-		e, err := s.replay.Get(ctx, key)
-		switch {
-		case err == nil:
-			if err := json.Unmarshal(e.Value(), &c); err != nil {
-				return false, fmt.Errorf("cluster: replay share %s: %w", key, err)
+		if guess {
+			c, rev = cached.c, cached.rev
+		} else {
+			e, err := s.replay.Get(ctx, key)
+			switch {
+			case err == nil:
+				if err := json.Unmarshal(e.Value(), &c); err != nil {
+					return false, fmt.Errorf("cluster: replay share %s: %w", key, err)
+				}
+				rev = e.Revision()
+			case !errors.Is(err, jetstream.ErrKeyNotFound):
+				return false, err
 			}
-			rev = e.Revision()
-		case !errors.Is(err, jetstream.ErrKeyNotFound):
-			return false, err
 		}
+		wasGuess := guess
+		guess = false
 		if n := c.live(time.Now().Unix()); delta > 0 && n >= int64(limit) {
+			if wasGuess {
+				continue // read what the engine holds before refusing
+			}
 			return false, nil
 		}
 		c.add(exp, delta)
@@ -120,19 +173,27 @@ func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, 
 			exp = c.Slots[len(c.Slots)-1][0]
 		}
 		b, _ := json.Marshal(c)
+		var nrev uint64
+		var err error
 		if rev == 0 {
-			_, err = s.replay.Create(ctx, key, b, jetstream.KeyTTL(ttlUntil(exp)))
+			nrev, err = s.replay.Create(ctx, key, b, jetstream.KeyTTL(ttlUntil(exp)))
 			if errors.Is(err, jetstream.ErrKeyExists) {
 				continue
 			}
 		} else {
-			_, err = s.publishTTL(ctx, s.replay, key, b, ttlUntil(exp), jetstream.WithExpectLastSequencePerSubject(rev))
+			nrev, err = s.publishTTL(ctx, s.replay, key, b, ttlUntil(exp), jetstream.WithExpectLastSequencePerSubject(rev))
 			if revisionChanged(err) {
 				continue
 			}
 		}
-		return err == nil, err
+		if err != nil {
+			s.shares.drop(key)
+			return false, err
+		}
+		s.shares.put(key, c, nrev)
+		return true, nil
 	}
+	s.shares.drop(key)
 	return false, errShareContended
 }
 

@@ -78,6 +78,9 @@ type State struct {
 	state  jetstream.KeyValue
 	replay jetstream.KeyValue
 
+	// shares caches the replay-share counters this instance wrote.
+	shares shareCache
+
 	// reloads hands Reload's requests to Follow's goroutine.
 	reloads chan reload
 

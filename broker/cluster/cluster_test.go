@@ -39,13 +39,15 @@ type rig struct {
 	peerEnd []context.CancelFunc // stops the running ServePeer
 	hostID  wire.ID
 	token   wire.Secret
+	// hostsFile is the hosts file every instance reads.
+	hostsFile string
 }
 
 // newEngineRig starts the JetStream cluster and writes a hosts file with
 // the rig's one host; the caller starts the brokers.
 func newEngineRig(t *testing.T, hostsFile string) *rig {
 	t.Helper()
-	r := &rig{t: t, nats: startNATSCluster(t)}
+	r := &rig{t: t, nats: startNATSCluster(t), hostsFile: hostsFile}
 	id, tok, err := store.AddHost(hostsFile)
 	if err != nil {
 		t.Fatal(err)
@@ -62,14 +64,24 @@ func newEngineRig(t *testing.T, hostsFile string) *rig {
 // own first.
 func newRig(t *testing.T, ownerTTL time.Duration) *rig {
 	t.Helper()
-	return newRigURLs(t, ownerTTL, func(all []string, i int) []string {
-		all[0], all[i] = all[i], all[0]
-		return all
-	})
+	return newRigURLs(t, ownerTTL, ownFirst)
+}
+
+// ownFirst gives instance i every engine node, node i first.
+func ownFirst(all []string, i int) []string {
+	all[0], all[i] = all[i], all[0]
+	return all
 }
 
 // newRigURLs is newRig with instance i given the engine URLs urls(all, i).
 func newRigURLs(t *testing.T, ownerTTL time.Duration, urls func(all []string, i int) []string) *rig {
+	t.Helper()
+	return newRigWith(t, ownerTTL, urls, nil)
+}
+
+// newRigWith is newRigURLs with every broker's configuration changed by
+// mutate (nil: none) after the rig's own settings.
+func newRigWith(t *testing.T, ownerTTL time.Duration, urls func(all []string, i int) []string, mutate func(*server.Config)) *rig {
 	t.Helper()
 	hostsFile := filepath.Join(t.TempDir(), "hosts.json")
 	r := newEngineRig(t, hostsFile)
@@ -109,6 +121,9 @@ func newRigURLs(t *testing.T, ownerTTL time.Duration, urls func(all []string, i 
 			c.HostsFile = hostsFile
 			c.Shared = st
 			c.Forward = ow
+			if mutate != nil {
+				mutate(c)
+			}
 		}}))
 		leaf, err := x509.ParseCertificate(r.brokers[i].Cert.Certificate[0])
 		if err != nil {
@@ -165,7 +180,8 @@ type result struct {
 	err  error
 }
 
-func (r *rig) dial(i int) *peer {
+// dialRaw opens a WebSocket to broker i that nothing reads.
+func (r *rig) dialRaw(i int) *websocket.Conn {
 	t := r.t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Step)
@@ -176,8 +192,13 @@ func (r *rig) dial(i int) *peer {
 		t.Fatalf("dial broker %d: %v", i, err)
 	}
 	c.SetReadLimit(4 << 20)
-	p := &peer{t: t, c: c, ch: make(chan result, 256)}
 	t.Cleanup(func() { c.CloseNow() })
+	return c
+}
+
+func (r *rig) dial(i int) *peer {
+	c := r.dialRaw(i)
+	p := &peer{t: r.t, c: c, ch: make(chan result, 256)}
 	go func() {
 		for {
 			typ, data, err := c.Read(context.Background())

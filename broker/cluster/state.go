@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -75,6 +77,30 @@ type State struct {
 	js     jetstream.JetStream
 	state  jetstream.KeyValue
 	replay jetstream.KeyValue
+
+	// shares caches the replay-share counters this instance wrote.
+	shares shareCache
+
+	// reloads hands Reload's requests to Follow's goroutine.
+	reloads chan reload
+
+	// atomic: the state bucket's stream takes atomic batches (nats-server
+	// >= 2.12), so Write makes a change of several ops one batch.
+	atomic bool
+	// writeHook, in tests, runs in Write after op i was sent (an engine
+	// that fails half-way).
+	writeHook atomic.Pointer[func(i int)]
+
+	// followGate, in tests, holds back Follow's delivery of live changes
+	// until the channel closes (a mirror that lags the engine).
+	followGate atomic.Pointer[chan struct{}]
+}
+
+// reload is one Reload: the current entries go to apply, then done.
+type reload struct {
+	ctx   context.Context
+	apply func(store.Op)
+	done  chan error
 }
 
 var _ server.Shared = (*State)(nil)
@@ -102,7 +128,7 @@ func Open(ctx context.Context, opt Options) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: connect: %w", err)
 	}
-	s := &State{opt: opt, nc: nc}
+	s := &State{opt: opt, nc: nc, reloads: make(chan reload)}
 	if s.js, err = jetstream.New(nc); err != nil {
 		nc.Close()
 		return nil, err
@@ -117,7 +143,28 @@ func Open(ctx context.Context, opt Options) (*State, error) {
 		nc.Close()
 		return nil, fmt.Errorf("cluster: buckets: %w", err)
 	}
+	s.atomic = s.allowAtomic(ctx) == nil
 	return s, nil
+}
+
+// allowAtomic turns on atomic batches on the state bucket's stream (the KV
+// API has no setting for it, and CreateOrUpdateKeyValue turns it off
+// again: every instance's start sets it once more). An engine older than
+// nats-server 2.12 refuses it; Write then sends op by op.
+func (s *State) allowAtomic(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	defer cancel()
+	st, err := s.js.Stream(cctx, "KV_"+s.state.Bucket())
+	if err != nil {
+		return err
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.AllowAtomicPublish {
+		return nil
+	}
+	cfg.AllowAtomicPublish = true
+	_, err = s.js.UpdateStream(cctx, cfg)
+	return err
 }
 
 // createBucket creates (or updates) bucket <prefix>-name with the
@@ -176,40 +223,133 @@ func ttlUntil(exp int64) time.Duration {
 	return max(time.Until(time.Unix(exp, 0)).Round(time.Second), time.Second)
 }
 
-// Write makes ops durable in order: each is acknowledged by a quorum of
-// the bucket's replicas before the next is sent.
+// Write makes ops durable. With atomic batches (allowAtomic) the ops of
+// one write, in chunks of up to maxAtomicBatch, are one batch each: the
+// engine applies all of a chunk or none of it, so an engine failing
+// half-way (a route replacement: the new route put, the replaced one
+// deleted) leaves neither half visible. Without, each op is acknowledged
+// by a quorum of the bucket's replicas before the next is sent.
 func (s *State) Write(ctx context.Context, ops []store.Op) error {
-	for _, op := range ops {
-		var err error
-		switch op.Kind {
-		case store.OpPutBootstrap, store.OpPutRoute:
-			c := op.Cred
-			r := record{By: s.opt.InstanceID, Kind: c.Kind, HostID: c.HostID.String(), ID: c.ID, Expires: c.ExpiresAt}
-			if c.Kind == wire.KindRoute {
-				r.Device = c.DeviceIDHash.String()
+	if s.atomic && len(ops) > 1 {
+		for len(ops) > 0 {
+			n := min(len(ops), maxAtomicBatch)
+			if err := s.writeAtomic(ctx, ops[:n]); err != nil {
+				return fmt.Errorf("cluster: write: %w", err)
 			}
-			err = s.put(ctx, preCred+c.Digest.String(), r, ttlUntil(c.ExpiresAt+int64(store.ExpiredGrace/time.Second)))
-		case store.OpDelete:
-			err = s.state.Delete(ctx, preCred+op.Digest.String())
-		case store.OpConsumed, store.OpRevoked:
-			pre := preConsumed
-			if op.Kind == store.OpRevoked {
-				pre = preRevoked
-			}
-			err = s.put(ctx, pre+op.Digest.String(), record{By: s.opt.InstanceID, Expires: op.ExpiresAt}, ttlUntil(op.ExpiresAt))
+			ops = ops[n:]
 		}
-		if err != nil {
+		return nil
+	}
+	for i, op := range ops {
+		if _, err := s.js.PublishMsg(ctx, s.opMsg(op)); err != nil {
 			return fmt.Errorf("cluster: write: %w", err)
 		}
+		s.wrote(i)
 	}
 	return nil
 }
 
-// put stores key in the state bucket with a per-key TTL.
-func (s *State) put(ctx context.Context, key string, r record, ttl time.Duration) error {
-	b, _ := json.Marshal(r)
-	_, err := s.publishTTL(ctx, s.state, key, b, ttl)
-	return err
+// maxAtomicBatch is the engine's largest atomic batch (nats-server's
+// default max_batch_size). A write of more ops is atomic per chunk only;
+// the broker's writer coalesces the changes made during one write, so a
+// write this large takes ~1,000 changes within one engine round trip.
+const maxAtomicBatch = 1000
+
+func (s *State) wrote(i int) {
+	if h := s.writeHook.Load(); h != nil {
+		(*h)(i)
+	}
+}
+
+// opMsg is op's message on the state bucket's stream: a put with the
+// key's TTL, or a KV delete marker.
+func (s *State) opMsg(op store.Op) *nats.Msg {
+	var key string
+	var r record
+	var ttl time.Duration
+	switch op.Kind {
+	case store.OpPutBootstrap, store.OpPutRoute:
+		c := op.Cred
+		key, ttl = preCred+c.Digest.String(), ttlUntil(c.ExpiresAt+int64(store.ExpiredGrace/time.Second))
+		r = record{By: s.opt.InstanceID, Kind: c.Kind, HostID: c.HostID.String(), ID: c.ID, Expires: c.ExpiresAt}
+		if c.Kind == wire.KindRoute {
+			r.Device = c.DeviceIDHash.String()
+		}
+	case store.OpDelete:
+		m := nats.NewMsg("$KV." + s.state.Bucket() + "." + preCred + op.Digest.String())
+		m.Header.Set("KV-Operation", "DEL")
+		return m
+	case store.OpConsumed, store.OpRevoked:
+		key = preConsumed + op.Digest.String()
+		if op.Kind == store.OpRevoked {
+			key = preRevoked + op.Digest.String()
+		}
+		r, ttl = record{By: s.opt.InstanceID, Expires: op.ExpiresAt}, ttlUntil(op.ExpiresAt)
+	}
+	m := nats.NewMsg("$KV." + s.state.Bucket() + "." + key)
+	m.Data, _ = json.Marshal(r)
+	m.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	return m
+}
+
+// batchAck is the engine's answer to a batch's commit.
+type batchAck struct {
+	Error *jetstream.APIError `json:"error"`
+	Batch string              `json:"batch"`
+	Count int                 `json:"count"`
+}
+
+// writeAtomic sends ops as one atomic batch: every message but the last
+// without waiting, the last with the commit, whose answer says whether the
+// engine applied them all. A batch the engine never sees committed (the
+// connection lost half-way) is dropped by it, unapplied. A stream whose
+// atomic batches were turned off meanwhile (an instance's start, see
+// allowAtomic) has them turned on again and is sent the batch once more.
+func (s *State) writeAtomic(ctx context.Context, ops []store.Op) error {
+	for try := 0; ; try++ {
+		err := s.sendBatch(ctx, ops)
+		var api *jetstream.APIError
+		if try == 0 && errors.As(err, &api) && api.ErrorCode == atomicDisabled {
+			if s.allowAtomic(ctx) == nil {
+				continue
+			}
+		}
+		return err
+	}
+}
+
+// atomicDisabled is nats-server's JSAtomicPublishDisabledErr.
+const atomicDisabled jetstream.ErrorCode = 10174
+
+func (s *State) sendBatch(ctx context.Context, ops []store.Op) error {
+	id := wire.NewID().String()
+	for i, op := range ops {
+		m := s.opMsg(op)
+		m.Header.Set("Nats-Batch-Id", id)
+		m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
+		if i < len(ops)-1 {
+			if err := s.nc.PublishMsg(m); err != nil {
+				return err
+			}
+			s.wrote(i)
+			continue
+		}
+		m.Header.Set("Nats-Batch-Commit", "1")
+		resp, err := s.nc.RequestMsgWithContext(ctx, m)
+		if err != nil {
+			return err
+		}
+		var ack batchAck
+		switch {
+		case json.Unmarshal(resp.Data, &ack) != nil:
+			return errors.New("cluster: unreadable batch acknowledgement")
+		case ack.Error != nil:
+			return ack.Error
+		case ack.Batch != id || ack.Count != len(ops):
+			return fmt.Errorf("cluster: batch acknowledged with %d of %d ops", ack.Count, len(ops))
+		}
+	}
+	return nil
 }
 
 // publishTTL stores key in kv with a per-key TTL (the KV API's Put takes
@@ -249,6 +389,22 @@ func (s *State) ClaimConsumed(ctx context.Context, d wire.Digest, exp time.Time)
 	return s.create(ctx, s.state, preConsumed+d.String(), exp.Unix())
 }
 
+// LookupCredential reads c.<digest> from the state bucket.
+func (s *State) LookupCredential(ctx context.Context, d wire.Digest) (store.Credential, bool, error) {
+	e, err := s.state.Get(ctx, preCred+d.String())
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return store.Credential{}, false, nil
+	case err != nil:
+		return store.Credential{}, false, err
+	}
+	op, ok := s.decode(e, false)
+	if !ok || (op.Kind != store.OpPutBootstrap && op.Kind != store.OpPutRoute) {
+		return store.Credential{}, false, nil
+	}
+	return op.Cred, true, nil
+}
+
 // Follow delivers every entry of the state bucket, returns once the
 // current ones are delivered, and then delivers changes other instances
 // make until ctx ends. A deleted or expired credential is delivered as
@@ -270,6 +426,8 @@ func (s *State) Follow(ctx context.Context, apply func(store.Op)) error {
 					close(ready)
 				}
 				return
+			case rl := <-s.reloads:
+				rl.done <- s.current(rl.ctx, rl.apply)
 			case e, ok := <-w.Updates():
 				if !ok {
 					if !loaded {
@@ -284,6 +442,13 @@ func (s *State) Follow(ctx context.Context, apply func(store.Op)) error {
 					}
 					continue
 				}
+				if g := s.followGate.Load(); g != nil && loaded {
+					select {
+					case <-*g:
+					case <-ctx.Done():
+						return
+					}
+				}
 				if op, ok := s.decode(e, loaded); ok {
 					apply(op)
 				}
@@ -295,6 +460,51 @@ func (s *State) Follow(ctx context.Context, apply func(store.Op)) error {
 		return ctx.Err()
 	case <-time.After(30 * s.opt.Timeout):
 		return errors.New("cluster: the state bucket did not load in time")
+	}
+}
+
+// Reload delivers the state bucket's current entries to apply again, on
+// Follow's goroutine between two of its changes: a change Follow delivers
+// after them is newer or replays one already in them (and the ones after
+// it follow), so a mirror that applies both ends as the engine is. It
+// waits for ctx, and needs Follow running.
+func (s *State) Reload(ctx context.Context, apply func(store.Op)) error {
+	rl := reload{ctx: ctx, apply: apply, done: make(chan error, 1)}
+	select {
+	case s.reloads <- rl:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-rl.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// current delivers the bucket's current entries (deleted ones skipped).
+func (s *State) current(ctx context.Context, apply func(store.Op)) error {
+	w, err := s.state.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("cluster: reload: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return errors.New("cluster: reload: the watch ended")
+			case e == nil:
+				return nil
+			}
+			if op, ok := s.decode(e, false); ok {
+				apply(op)
+			}
+		}
 	}
 }
 

@@ -22,6 +22,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -84,6 +85,9 @@ type Broker struct {
 	live     int
 	closing  bool
 	pending  map[msgconn.Conn]struct{} // sockets that have not registered yet
+	// lookups bounds the engine reads of mirror misses in flight
+	// (lookupShared, cluster mode).
+	lookups chan struct{}
 
 	statsMu sync.Mutex
 	stats   map[string]int64
@@ -141,6 +145,7 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 		closedIDs:    store.NewTable[wire.ID, wire.ID](cfg.TableEntries),
 		routeLive:    map[wire.Digest]int{},
 		pending:      map[msgconn.Conn]struct{}{},
+		lookups:      make(chan struct{}, maxLookups),
 		stats:        map[string]int64{},
 	}
 	b.coalesce.New = func() any { buf := make([]byte, 0, cfg.ClientWriteChunk); return &buf }
@@ -435,7 +440,20 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 	now := b.cfg.now()
 	d := wire.TokenDigest(string(reg.Token))
 	b.mu.Lock()
-	cred, h, err := b.admitLocked(reg, d, now, fwd)
+	cred, h, err := b.admitLocked(reg, d, now, fwd, nil)
+	if err == errUnknownCredential && b.cfg.Shared != nil {
+		// The mirror may lag the engine: read it once (lookupShared).
+		b.mu.Unlock()
+		found, lerr := b.lookupShared(ctx, d)
+		if lerr != nil || found == nil {
+			return nil, cmp.Or(lerr, error(errUnknownCredential))
+		}
+		b.mu.Lock()
+		cred, h, err = b.admitLocked(reg, d, now, fwd, found)
+	}
+	if err == nil && b.cfg.Shared != nil {
+		err = b.admitSharedLocked(ctx, h, cred, reg.ConnectionID)
+	}
 	if err != nil {
 		b.mu.Unlock()
 		return nil, err
@@ -446,11 +464,10 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 		b.mu.Unlock()
 		return s, nil
 	}
-	if b.cfg.Shared != nil {
-		if err := b.claimBootstrapLocked(ctx, h, cred); err != nil {
-			b.mu.Unlock()
-			return nil, err
-		}
+	if _, ok := b.state.Lookup(d); !ok && b.cfg.Shared != nil {
+		// Read from the engine (lookupShared), whose claim above already
+		// recorded its use: the mirror holds it just to consume it.
+		b.state.ApplyOp(store.Op{Kind: store.OpPutBootstrap, Cred: cred}, now)
 	}
 	undo, err := b.state.Record(func() error {
 		if !b.state.Consume(d, now) {
@@ -490,8 +507,9 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 
 // admitLocked (b.mu held) runs the checks of the matching order and, when
 // they pass, records the connection_id. It returns the credential and the
-// host to open the stream on.
-func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time, forwarded bool) (store.Credential, *hostSession, error) {
+// host to open the stream on. read, when not nil, is the credential of d
+// the engine holds (lookupShared) for a mirror that has none.
+func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time, forwarded bool, read *store.Credential) (store.Credential, *hostSession, error) {
 	sec := now.Unix()
 	fail := func(code wire.Code, detail string) (store.Credential, *hostSession, error) {
 		return store.Credential{}, nil, &wire.Error{Code: code, Detail: detail}
@@ -509,10 +527,18 @@ func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time, fo
 		return fail(wire.CodeRevoked, "credential revoked")
 	}
 	cred, known := b.state.Lookup(d)
-	if known && cred.ExpiresAt <= sec {
+	if !known && read != nil && read.Digest.Equal(d) {
+		// As the mirror would have it: only hosts of this hosts file.
+		_, known = b.hostKeys[read.HostID]
+		cred = *read
+	}
+	if !known {
+		return store.Credential{}, nil, errUnknownCredential
+	}
+	if cred.ExpiresAt <= sec {
 		return fail(wire.CodeExpired, "credential expired")
 	}
-	if !known || cred.HostID != reg.HostID || cred.Kind != reg.CredentialKind {
+	if cred.HostID != reg.HostID || cred.Kind != reg.CredentialKind {
 		return fail(wire.CodeUnauthorized, "unknown credential, other host or wrong kind")
 	}
 	if cred.Kind == wire.KindRoute && b.routeLive[d] >= b.cfg.MaxStreamsPerRoute {
@@ -543,7 +569,15 @@ func (b *Broker) admitLocked(reg wire.Register, d wire.Digest, now time.Time, fo
 		return fail(wire.CodeQuotaExceeded, "a tracking table is full")
 	}
 	// Past its credential's or its host's share of the replay cache, a
-	// client is refused until entries expire; others are unaffected.
+	// client is refused until entries expire; others are unaffected. In
+	// cluster mode the shares are counted in the engine first and the
+	// entry added here after (admitSharedLocked).
+	if b.cfg.Shared != nil {
+		if !b.clientReplay.Room(h.id, d, sec) {
+			return fail(wire.CodeQuotaExceeded, "replay cache share of this credential or host is full")
+		}
+		return cred, h, nil
+	}
 	if !b.clientReplay.Add(reg.ConnectionID, h.id, d, sec+replaySeconds, sec) {
 		return fail(wire.CodeQuotaExceeded, "replay cache share of this credential or host is full")
 	}
@@ -733,6 +767,12 @@ func (b *Broker) ReloadHosts() error {
 		return fmt.Errorf("broker: reload: %w", err)
 	}
 	b.mu.Lock()
+	added := map[wire.ID]struct{}{}
+	for id := range hosts {
+		if _, ok := b.hostKeys[id]; !ok {
+			added[id] = struct{}{}
+		}
+	}
 	b.hostKeys = hosts
 	revoked := 0
 	for id, h := range b.hosts {
@@ -748,6 +788,9 @@ func (b *Broker) ReloadHosts() error {
 		b.persist.Mark()
 	}
 	b.log.Info().Int("hosts", len(hosts)).Int("registrations_revoked", revoked).Int("credentials_dropped", dropped).Msg("hosts file reloaded")
+	if b.cfg.Shared != nil && len(added) > 0 {
+		b.loadAddedHosts(added)
+	}
 	return nil
 }
 

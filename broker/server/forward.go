@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
@@ -126,16 +127,34 @@ func (b *Broker) forward(ctx context.Context, c msgconn.Conn, reg wire.Register)
 	c.SetReadLimit(wire.MaxClientFrame + 1)
 	pc.SetReadLimit(int64(b.cfg.ClientWriteChunk) + wire.MaxControlBytes)
 	var once sync.Once
+	var pingDead atomic.Bool
 	end := func(to msgconn.Conn, err error) {
 		once.Do(func() {
 			code, reason := wire.CloseGoingAway, ""
 			var ce *msgconn.CloseError
-			if errors.As(err, &ce) {
+			switch {
+			case pingDead.Load():
+				reason = "ping timeout"
+			case errors.As(err, &ce):
 				code, reason = ce.Code, ce.Reason
 			}
 			to.Close(code, reason)
 		})
 	}
+	// The client is pinged here as on the owner (spec: every 15 s, dropped
+	// after 45 s without a pong): the owner pings only the peer link, which
+	// this instance answers for the client. A client gone silent is cut;
+	// the pump reading it then closes the peer link, which ends the stream
+	// on the owner and frees its slot there. Both pumps' writes are
+	// pauses: while one waits on the client's backpressure our ping waits
+	// behind it, and while one waits on the owner's the client is not read.
+	var pause msgconn.Pause
+	stopKeepalive := b.keepalive(c, &pause, nil, func() {
+		b.count("forward:ping_timeout")
+		pingDead.Store(true)
+		c.CloseNow()
+	}).Start(ctx)
+	defer stopKeepalive()
 	// ctx ending cuts both sockets, the reads and the writes in progress,
 	// as a context per call did; the pumps read under one that never ends
 	// and bound their writes with a WriteGate, so a small message costs no
@@ -154,7 +173,9 @@ func (b *Broker) forward(ctx context.Context, c msgconn.Conn, reg wire.Register)
 				from.CloseNow()
 				return
 			}
+			pause.Enter()
 			err = gate.Write(typ, data, b.cfg.WriteTimeout, nil)
+			pause.Leave()
 			if err != nil {
 				end(from, nil)
 				to.CloseNow()

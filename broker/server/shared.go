@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/store"
@@ -30,8 +31,66 @@ type Shared interface {
 	// ClaimConsumed records bootstrap digest d as used until exp, once
 	// across the cluster: false when it was used already.
 	ClaimConsumed(ctx context.Context, d wire.Digest, exp time.Time) (bool, error)
+	// CountReplay counts one accepted client registration, remembered
+	// until exp, in host's replay share (at most perHost) and credential
+	// d's (perCred), across the cluster: false, counting neither, when
+	// one is full.
+	CountReplay(ctx context.Context, host wire.ID, d wire.Digest, exp time.Time, perHost, perCred int) (bool, error)
+	// ReleaseConnectionID undoes ClaimConnectionID for a registration
+	// refused after it.
+	ReleaseConnectionID(ctx context.Context, id wire.ID) error
+	// LookupCredential reads credential d from the engine, for a digest
+	// the mirror does not know (it may lag the engine): found is false
+	// when the engine has none either.
+	LookupCredential(ctx context.Context, d wire.Digest) (c store.Credential, found bool, err error)
+	// Reload delivers the engine's current state to apply again, in order
+	// with Follow's changes (a hosts-file reload: the mirror skipped the
+	// credentials of hosts it did not list).
+	Reload(ctx context.Context, apply func(store.Op)) error
 	// Timeout bounds one engine operation (cluster.engine_timeout).
 	Timeout() time.Duration
+}
+
+// maxLookups bounds the engine reads of unknown credential digests in
+// flight on one instance (lookupShared); past it a client is answered
+// `unavailable` and retries.
+const maxLookups = 64
+
+// errUnknownCredential is admitLocked's answer for a digest the mirror
+// does not hold; in cluster mode match asks the engine before giving it.
+var errUnknownCredential = &wire.Error{Code: wire.CodeUnauthorized, Detail: "unknown credential"}
+
+// lookupShared reads credential d from the engine after a mirror miss
+// (match, cluster mode): a client that lands here right after the host
+// published on another instance would otherwise be refused while the
+// watch has not delivered the publication. The credential found is used
+// for this match only, never put in the mirror: the watch may already have
+// delivered a later delete of it, which a late insert would undo. Consumed
+// and revoked digests are still decided by the mirror and the engine's
+// creates, as without the read. nil, nil: the engine has no such
+// credential either. The engine unreachable → `unavailable`, never an
+// accept.
+func (b *Broker) lookupShared(ctx context.Context, d wire.Digest) (*store.Credential, error) {
+	select {
+	case b.lookups <- struct{}{}:
+		defer func() { <-b.lookups }()
+	default:
+		b.count("cluster:lookup_busy")
+		return nil, &wire.Error{Code: wire.CodeUnavailable, Detail: "too many engine reads of unknown credentials in flight"}
+	}
+	b.count("cluster:mirror_miss")
+	sh := b.cfg.Shared
+	cctx, cancel := context.WithTimeout(ctx, sh.Timeout())
+	defer cancel()
+	c, found, err := sh.LookupCredential(cctx, d)
+	switch {
+	case err != nil:
+		b.count("cluster:engine_error")
+		return nil, errEngine
+	case !found:
+		return nil, nil
+	}
+	return &c, nil
 }
 
 // stateWriter makes the state's changes durable: the state file's
@@ -121,6 +180,33 @@ func (b *Broker) applyShared(op store.Op) {
 	}
 }
 
+// loadAddedHosts gives the mirror the engine's credentials of hosts a
+// hosts-file reload added (ReloadHosts, cluster mode): the mirror skipped
+// them while they were not listed. Credentials of other hosts are not
+// touched; consumed and revoked digests were mirrored all along. A failed
+// load leaves the misses to lookupShared.
+func (b *Broker) loadAddedHosts(added map[wire.ID]struct{}) {
+	sh := b.cfg.Shared
+	ctx, cancel := context.WithTimeout(context.Background(), 5*sh.Timeout())
+	defer cancel()
+	n := 0
+	err := sh.Reload(ctx, func(op store.Op) {
+		if op.Kind != store.OpPutBootstrap && op.Kind != store.OpPutRoute {
+			return
+		}
+		if _, ok := added[op.Cred.HostID]; ok {
+			n++
+			b.applyShared(op)
+		}
+	})
+	if err != nil {
+		b.count("cluster:engine_error")
+		b.log.Warn().Int("hosts_added", len(added)).Msg("the credentials of hosts added to the hosts file could not be loaded from the engine; each is read at its first use")
+		return
+	}
+	b.log.Info().Int("hosts_added", len(added)).Int("credentials", n).Msg("credentials of added hosts loaded from the engine")
+}
+
 // claimHost records a host registration's connection_id in the engine
 // before registerHost runs; only a registration with the right host token
 // gets that far. In cluster mode a connection_id is recorded at the first
@@ -153,40 +239,72 @@ func (b *Broker) claimID(ctx context.Context, id wire.ID) error {
 	return nil
 }
 
-// claimBootstrapLocked (b.mu held; released while the engine answers,
-// held again on return) records a bootstrap's one use in the engine after
-// the matching order passed on this instance's mirror: exactly one
-// instance's create succeeds. The stream's slot on h stays reserved
-// meanwhile. (A client's connection_id was claimed before the matching
-// order ran, by claimID in match.)
-func (b *Broker) claimBootstrapLocked(ctx context.Context, h *hostSession, cred store.Credential) error {
+// admitSharedLocked (b.mu held; released while the engine answers, held
+// again on return) records in the engine what the matching order that
+// passed on this instance decided: the client's place in its host's and
+// its credential's replay shares (over either → quota_exceeded, and the
+// connection_id claim is deleted again: the id was not accepted), then a
+// bootstrap's one use, which exactly one instance's create wins. The
+// stream's slot on h, and on a route its per-route slot, stay reserved
+// meanwhile; the connection_id enters the local replay table once the
+// engine counted it. (A client's connection_id was claimed before the
+// matching order ran, by claimID in match, or by the instance that
+// forwarded it.)
+func (b *Broker) admitSharedLocked(ctx context.Context, h *hostSession, cred store.Credential, id wire.ID) error {
 	h.mu.Lock()
 	h.reserved++
 	h.mu.Unlock()
+	route := cred.Kind == wire.KindRoute
+	if route {
+		b.routeLive[cred.Digest]++
+	}
 	b.mu.Unlock()
 	sh := b.cfg.Shared
+	now := b.cfg.now()
 	cctx, cancel := context.WithTimeout(ctx, sh.Timeout())
-	ok, err := sh.ClaimConsumed(cctx, cred.Digest, time.Unix(cred.ExpiresAt, 0))
-	cancel()
+	ok, err := sh.CountReplay(cctx, h.id, cred.Digest, now.Add(wire.ReplayTTL), b.cfg.ReplayPerHost, b.cfg.ReplayPerCredential)
 	switch {
 	case err != nil:
+	case !ok:
+		b.count("cluster:replay_share_full")
+		if sh.ReleaseConnectionID(cctx, id) != nil {
+			b.count("cluster:engine_error")
+		}
+		err = &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay share of this credential or host is full across the cluster"}
+	case cred.Kind == wire.KindBootstrap:
+		ok, err = sh.ClaimConsumed(cctx, cred.Digest, time.Unix(cred.ExpiresAt, 0))
+		if err == nil && !ok {
+			err = &wire.Error{Code: wire.CodeReplayed, Detail: "bootstrap token already consumed on another instance"}
+		}
+	}
+	cancel()
+	var we *wire.Error
+	if err != nil && !errors.As(err, &we) {
 		b.count("cluster:engine_error")
 		err = errEngine
-	case !ok:
-		err = &wire.Error{Code: wire.CodeReplayed, Detail: "bootstrap token already consumed on another instance"}
 	}
 	b.mu.Lock()
+	if route {
+		if b.routeLive[cred.Digest]--; b.routeLive[cred.Digest] <= 0 {
+			delete(b.routeLive, cred.Digest)
+		}
+	}
 	h.mu.Lock()
 	h.reserved--
 	ended := h.end != nil
 	h.mu.Unlock()
+	sec := now.Unix()
 	switch {
 	case err != nil:
 		return err
 	case b.closing:
 		return errShuttingDown
 	case ended:
-		return &wire.Error{Code: wire.CodeHostOffline, Detail: "host left while the bootstrap use was recorded"}
+		return &wire.Error{Code: wire.CodeHostOffline, Detail: "host left while the match was recorded"}
+	case !b.clientReplay.Add(id, h.id, cred.Digest, sec+replaySeconds, sec):
+		// Another match filled the local table meanwhile; the engine
+		// counts this one once too often, which lets fewer in, not more.
+		return &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay cache share of this credential or host is full"}
 	}
 	return nil
 }

@@ -199,10 +199,15 @@ func (b *Broker) Serve(ctx context.Context, c msgconn.Conn) {
 		return
 	}
 	defer b.leave(c)
+	// A ctx that already ends with the broker's (connect's) needs no
+	// watch of it: one less context per socket for its life.
+	ends := ctx.Done() == b.ctx.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(b.ctx, cancel)
-	defer stop()
+	if !ends {
+		stop := context.AfterFunc(b.ctx, cancel)
+		defer stop()
+	}
 
 	// A little more than the largest registration is read, so a frame
 	// just over it is answered `unauthorized` and 1008 like any bad

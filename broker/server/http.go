@@ -75,8 +75,9 @@ func (b *Broker) connect(w http.ResponseWriter, r *http.Request) {
 		wc.SetWriteBuffer(socketWriteBuffer)
 	}
 	// Of the request's context only what Serve reads goes along: whether
-	// another instance forwarded the socket (PeerHandler).
-	ctx := context.Background()
+	// another instance forwarded the socket (PeerHandler). The broker's
+	// own context ends it (Serve then needs no watch of that one).
+	ctx := b.ctx
 	if forwarded(r.Context()) {
 		ctx = context.WithValue(ctx, forwardedKey{}, true)
 	}

@@ -409,7 +409,7 @@ func (b *Broker) serveClient(ctx context.Context, c msgconn.Conn, reg wire.Regis
 		return
 	}
 	b.count("stream:matched")
-	s.log.Debug().Str("remote", c.RemoteAddr()).Str("kind", string(s.kind)).Msg("stream matched")
+	s.logged(s.h.log.Debug()).Str("remote", c.RemoteAddr()).Str("kind", string(s.kind)).Msg("stream matched")
 	c.SetReadLimit(wire.MaxClientFrame + 1)
 	s.run(ctx)
 }

@@ -96,6 +96,28 @@ func TestKeepaliveKeepsNoContextOfItsPings(t *testing.T) {
 // answers pings while answer is true. The server side's reader runs too.
 func acceptedPair(t *testing.T, answer *atomic.Bool) *WebSocket {
 	t.Helper()
+	w, _ := acceptedPeer(t, answer)
+	return w
+}
+
+// acceptedPeer is acceptedPair with the peer.
+func acceptedPeer(t *testing.T, answer *atomic.Bool) (*WebSocket, *websocket.Conn) {
+	t.Helper()
+	w, peer := acceptedPeerReading(t, answer)
+	go func() {
+		for {
+			if _, _, err := peer.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	return w, peer
+}
+
+// acceptedPeerReading is acceptedPeer with the peer's reads left to the
+// test; the server side's reader runs.
+func acceptedPeerReading(t *testing.T, answer *atomic.Bool) (*WebSocket, *websocket.Conn) {
+	t.Helper()
 	got := make(chan *WebSocket, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		ws, err := Accept(rw, r, nil, r.RemoteAddr)
@@ -115,16 +137,14 @@ func acceptedPair(t *testing.T, answer *atomic.Bool) *WebSocket {
 	t.Cleanup(func() { peer.CloseNow() })
 	w := <-got
 	t.Cleanup(func() { w.CloseNow() })
-	for _, read := range []func() error{
-		func() error { _, _, err := peer.Read(context.Background()); return err },
-		func() error { _, _, err := w.Read(context.Background()); return err },
-	} {
-		go func() {
-			for read() == nil {
+	go func() {
+		for {
+			if _, _, err := w.Read(context.Background()); err != nil {
+				return
 			}
-		}()
-	}
-	return w
+		}
+	}()
+	return w, peer
 }
 
 // On a socket whose reader notes pongs, the keepalive keeps the spec's

@@ -41,8 +41,12 @@ type WebSocket struct {
 	watch     writeWatch // the deadline of a WriteGate's write in progress
 
 	// With Accept, the reader notes the pongs of our pings itself
-	// (pongWatch), so a Keepalive's ping is only a write.
+	// (pongWatch), so a Keepalive's ping is only a write, and answers the
+	// peer's pings itself (answerPing).
 	pongs *pongWatch
+	// fragmented is set while write sends a message in several frames:
+	// the library's own pong then goes between two of them (answerPing).
+	fragmented atomic.Bool
 }
 
 // pongWatch is the ping state of a WebSocket whose reader notes pongs: the
@@ -57,10 +61,14 @@ type pongWatch struct {
 // monoBase anchors pongWatch's monotonic clock.
 var monoBase = time.Now()
 
-// opPing is RFC 6455's ping opcode (§5.5.2). The library's Write passes
-// the message type to the frame as its opcode, so a ping written that way
-// is a plain frame write: no wait for its pong, no context, no timer.
-const opPing = 0x9
+// opPing and opPong are RFC 6455's ping and pong opcodes (§5.5.2-3).
+// The library's Write passes the message type to the frame as its opcode,
+// so a ping written that way is a plain frame write: no wait for its pong,
+// no context, no timer.
+const (
+	opPing = 0x9
+	opPong = 0xA
+)
 
 var (
 	_ Batcher     = (*WebSocket)(nil)
@@ -78,7 +86,9 @@ func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
 // nil: the defaults) and adapts the connection; remote is the peer's
 // address for logs. Its reader notes the pongs of the pings Keepalive
 // sends (the library's OnPongReceived), so no goroutine waits for a pong:
-// a ping is one frame write from the keepalive's timer.
+// a ping is one frame write from the keepalive's timer. It also answers
+// the peer's pings itself (OnPingReceived, after opts' own, which may
+// still refuse a ping); see answerPing.
 func Accept(w http.ResponseWriter, r *http.Request, opts *websocket.AcceptOptions, remote string) (*WebSocket, error) {
 	ws := &WebSocket{remote: remote, holdAbove: batchMin, pongs: new(pongWatch)}
 	var o websocket.AcceptOptions
@@ -89,6 +99,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts *websocket.AcceptOption
 		return nil, errors.New("msgconn: Accept sets OnPongReceived itself")
 	}
 	o.OnPongReceived = ws.pongs.note
+	o.OnPingReceived = ws.answerPing(o.OnPingReceived)
 	c, err := websocket.Accept(w, r, &o)
 	if err != nil {
 		return nil, err
@@ -106,6 +117,33 @@ func (p *pongWatch) note(_ context.Context, payload []byte) {
 	}
 	if n := binary.BigEndian.Uint64(payload); n != 0 && n <= p.sent.Load() {
 		p.pongAt.Store(int64(time.Since(monoBase)))
+	}
+}
+
+// answerPing is the reader's OnPingReceived: it writes the pong itself,
+// as one frame write under the context the library handed it (the
+// library's 5 s bound for answering this ping), and tells the library not
+// to. The library's own answer takes a second context with a timeout, its
+// timer and a watch of it, ~650 bytes in ~10 objects for every ping
+// answered: on an idle socket, a third of the keepalive's garbage. It
+// leaves the answer to the library only while a message goes out in
+// several frames, whose write holds the message lock this Write takes
+// until its last frame; the library's pong goes between two of them. A
+// pong that fails is not handed to the library either: it would write
+// under the same, then ended, context, which may cut the socket, where a
+// pong that did not get the write lock within 5 s leaves the socket as it
+// is (the library's own did the same; the next read says whether the
+// socket is gone).
+func (w *WebSocket) answerPing(also func(context.Context, []byte) bool) func(context.Context, []byte) bool {
+	return func(ctx context.Context, payload []byte) bool {
+		if also != nil && !also(ctx, payload) {
+			return false
+		}
+		if w.fragmented.Load() {
+			return true
+		}
+		w.c.Write(ctx, websocket.MessageType(opPong), payload)
+		return false
 	}
 }
 
@@ -282,6 +320,8 @@ func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, parts [][
 		}
 		return err
 	}
+	w.fragmented.Store(true)
+	defer w.fragmented.Store(false)
 	wr, err := w.c.Writer(ctx, websocket.MessageType(typ))
 	if err != nil {
 		return err

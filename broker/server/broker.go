@@ -204,10 +204,20 @@ func (b *Broker) Serve(ctx context.Context, c msgconn.Conn) {
 		return
 	}
 	defer b.leave(c)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(b.ctx, cancel)
-	defer stop()
+	// A ctx that already ends with the broker's (connect's) serves the
+	// session as it is: the session's watches and timeouts hang off the
+	// broker's context, and an idle socket keeps no context, done channel
+	// and children map of its own (~370 bytes). Nothing needs a cancel at
+	// the end: everything the session starts is stopped, or waited for,
+	// before Serve returns. Another ctx gets a child that ends with
+	// either.
+	if ctx.Done() != b.ctx.Done() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(b.ctx, cancel)
+		defer stop()
+	}
 
 	// A little more than the largest registration is read, so a frame
 	// just over it is answered `unauthorized` and 1008 like any bad
@@ -409,7 +419,7 @@ func (b *Broker) serveClient(ctx context.Context, c msgconn.Conn, reg wire.Regis
 		return
 	}
 	b.count("stream:matched")
-	s.log.Debug().Str("remote", c.RemoteAddr()).Str("kind", string(s.kind)).Msg("stream matched")
+	s.logged(s.h.log.Debug()).Str("remote", c.RemoteAddr()).Str("kind", string(s.kind)).Msg("stream matched")
 	c.SetReadLimit(wire.MaxClientFrame + 1)
 	s.run(ctx)
 }

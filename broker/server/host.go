@@ -635,7 +635,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 			}
 			stalled := now.Sub(last)
 			if stalled >= b.cfg.SlowConsumerTimeout {
-				s.log.Info().Dur("stalled", stalled).Msg("client made no progress on its full queue; closing its stream")
+				s.logged(s.h.log.Info()).Dur("stalled", stalled).Msg("client made no progress on its full queue; closing its stream")
 				// No cancel: the client's writer is stuck in a write, and
 				// cutting it tears the socket down, so the 1013 would never
 				// arrive. The write finishes if the client reads again (then

@@ -107,11 +107,14 @@ func TestIdleSocketCost(t *testing.T) {
 // field buffer per host and per stream, and a lingered writer's timer, and
 // 13.4 KiB with a 512-byte read buffer. A credit stream's window-tuning
 // state (56 bytes) and the pong notes came later: 13,460-13,540 bytes on a
-// fresh process (the figure this test sees; later runs in one process see
-// ~12,200). (The keepalive's context, ~350
-// bytes more after its first ping, was TestKeepaliveKeepsNoContextOfItsPings';
-// no ping is due within this test.)
-const idleHeapPerSocket = 13650
+// fresh process, then 12,780-12,860 with a 128-byte write buffer (was
+// 512), no watch of the broker's context per session and no logger per
+// stream, and 12,330-12,380 with no context of a session's own (later
+// runs in one process see less). (The keepalive's context,
+// ~350 bytes more after its first ping, was
+// TestKeepaliveKeepsNoContextOfItsPings'; no ping is due within this
+// test.)
+const idleHeapPerSocket = 12550
 
 // brokerHeap is the heap in use, as of a fresh collection, by objects that
 // the broker's goroutines allocated: a stack through this package or

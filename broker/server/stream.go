@@ -22,7 +22,6 @@ type stream struct {
 	conn   msgconn.Conn
 	digest wire.Digest
 	kind   wire.Kind
-	log    zerolog.Logger
 	pause  msgconn.Pause
 
 	// lastActive is when the last payload byte moved either way (Unix ns);
@@ -94,7 +93,6 @@ func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred stor
 		conn:       c,
 		digest:     cred.Digest,
 		kind:       cred.Kind,
-		log:        h.log.Hook(logField{"stream_id", id.String()}),
 		done:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 		downSpace:  make(chan struct{}, 1),
@@ -107,6 +105,16 @@ func (b *Broker) newStream(id wire.ID, h *hostSession, c msgconn.Conn, cred stor
 	s.lastActive.Store(now)
 	s.lastProgress.Store(now)
 	return s
+}
+
+// logged adds the stream's id to one of its host logger's events: a
+// stream does not keep a logger of its own (112 bytes and its hook, for
+// the three events a stream may log in its life). nil: the level is off.
+func (s *stream) logged(e *zerolog.Event) *zerolog.Event {
+	if e == nil {
+		return nil
+	}
+	return e.Str("stream_id", s.id.String())
 }
 
 func (s *stream) touch() { s.lastActive.Store(time.Now().UnixNano()) }
@@ -145,7 +153,7 @@ func (s *stream) run(ctx context.Context) {
 	idle.stop()
 	<-s.writerDone
 	stopCut()
-	s.log.Debug().Int("close_code", s.end.code).Str("reason", s.end.reason).Msg("stream ended")
+	s.logged(s.h.log.Debug()).Int("close_code", s.end.code).Str("reason", s.end.reason).Msg("stream ended")
 }
 
 // readLoop reads the client's binary messages and queues them for the host.

@@ -5,13 +5,13 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/internal/rawsock"
+	"github.com/hermes-securelink/securelink/internal/rawsock/rawsocktest"
 	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
@@ -20,22 +20,7 @@ import (
 type countedListener struct {
 	net.Listener
 	mu    sync.Mutex
-	conns []*countedConn
-}
-
-type countedConn struct {
-	*net.TCPConn
-	reads, writes atomic.Int64
-}
-
-func (c *countedConn) Read(p []byte) (int, error) {
-	c.reads.Add(1)
-	return c.TCPConn.Read(p)
-}
-
-func (c *countedConn) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.TCPConn.Write(p)
+	conns []*rawsocktest.Counted
 }
 
 func (l *countedListener) Accept() (net.Conn, error) {
@@ -43,7 +28,7 @@ func (l *countedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc := &countedConn{TCPConn: c.(*net.TCPConn)}
+	cc := &rawsocktest.Counted{TCPConn: c.(*net.TCPConn)}
 	l.mu.Lock()
 	l.conns = append(l.conns, cc)
 	l.mu.Unlock()
@@ -93,7 +78,7 @@ func TestFrontSocketsMoveBytesWithRawCalls(t *testing.T) {
 		t.Fatalf("%d connections accepted, want the HTTP client's and the WebSocket's", len(conns))
 	}
 	for i, cc := range conns {
-		if r, w := cc.reads.Load(), cc.writes.Load(); r != 0 || w != 0 {
+		if r, w := cc.Reads.Load(), cc.Writes.Load(); r != 0 || w != 0 {
 			t.Errorf("accepted connection %d: %d Read and %d Write calls, want none: the bytes moved through them", i, r, w)
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/hermes-securelink/securelink/internal/rawsock/rawsocktest"
 )
 
 // tcpPair is a real loopback TCP connection: a (the side under test) and b.
@@ -292,23 +294,6 @@ func TestBatchConnSmallReadsStayPlain(t *testing.T) {
 	}
 }
 
-// sysCounted is a real TCP connection (its SyscallConn shows through) that
-// counts the calls of its net.Conn Read and Write.
-type sysCounted struct {
-	*net.TCPConn
-	reads, writes atomic.Int64
-}
-
-func (c *sysCounted) Read(p []byte) (int, error) {
-	c.reads.Add(1)
-	return c.TCPConn.Read(p)
-}
-
-func (c *sysCounted) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.TCPConn.Write(p)
-}
-
 // A BatchConn moves its socket's bytes with raw system calls through the
 // socket's RawConn, never through the connection's Read and Write, which
 // tell the runtime of every call (entersyscall: after each idle spell the
@@ -319,7 +304,7 @@ func (c *sysCounted) Write(p []byte) (int, error) {
 // TestBatchConnReadsAhead).
 func TestBatchConnMovesBytesWithRawCalls(t *testing.T) {
 	a, b := tcpPair(t)
-	sc := &sysCounted{TCPConn: b.(*net.TCPConn)}
+	sc := &rawsocktest.Counted{TCPConn: b.(*net.TCPConn)}
 	bc := NewBatchConn(sc)
 	small := []byte("sixty-four bytes or so, a small message crossing the broker....")
 	p := make([]byte, 1<<10)
@@ -374,7 +359,7 @@ func TestBatchConnMovesBytesWithRawCalls(t *testing.T) {
 	if !errors.As(werr, &ne) || !ne.Timeout() {
 		t.Fatalf("write to a full socket past the deadline: %v, want a timeout", werr)
 	}
-	if r, w := sc.reads.Load(), sc.writes.Load(); r != 0 || w != 0 {
+	if r, w := sc.Reads.Load(), sc.Writes.Load(); r != 0 || w != 0 {
 		t.Errorf("%d Read and %d Write calls on the connection, want none: the bytes moved through them", r, w)
 	}
 }

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hermes-securelink/securelink/internal/rawsock/rawsocktest"
 )
 
 // tcpPair is a connected pair of real loopback TCP sockets.
@@ -35,23 +36,6 @@ func tcpPair(t *testing.T) (a, b *net.TCPConn) {
 	return ac.(*net.TCPConn), bc.(*net.TCPConn)
 }
 
-// sysCounted is a real TCP connection (its SyscallConn shows through) that
-// counts the calls of its net.Conn Read and Write.
-type sysCounted struct {
-	*net.TCPConn
-	reads, writes atomic.Int64
-}
-
-func (c *sysCounted) Read(p []byte) (int, error) {
-	c.reads.Add(1)
-	return c.TCPConn.Read(p)
-}
-
-func (c *sysCounted) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.TCPConn.Write(p)
-}
-
 // A wrapped socket moves its bytes with raw system calls through its
 // RawConn, never through the connection's own Read and Write (which enter
 // the runtime's system-call bookkeeping), and keeps what net/http and the
@@ -64,7 +48,7 @@ func TestConnMovesBytesWithRawCalls(t *testing.T) {
 		t.Skip("raw system calls are Linux-only")
 	}
 	a, b := tcpPair(t)
-	sc := &sysCounted{TCPConn: b}
+	sc := &rawsocktest.Counted{TCPConn: b}
 	c := Wrap(sc)
 	if _, ok := c.(*Conn); !ok {
 		t.Fatalf("Wrap of a TCP connection is a %T, want a *Conn", c)
@@ -119,7 +103,7 @@ func TestConnMovesBytesWithRawCalls(t *testing.T) {
 	if !errors.As(werr, &ne) || !ne.Timeout() || !errors.As(werr, &oe) || oe.Op != "write" {
 		t.Fatalf("write to a full socket past the deadline: %v, want a write timeout", werr)
 	}
-	if r, w := sc.reads.Load(), sc.writes.Load(); r != 0 || w != 0 {
+	if r, w := sc.Reads.Load(), sc.Writes.Load(); r != 0 || w != 0 {
 		t.Errorf("%d Read and %d Write calls on the connection, want none: the bytes moved through them", r, w)
 	}
 

@@ -2,13 +2,9 @@
 
 package rawsock
 
-import "syscall"
-
 // Enabled: elsewhere than on Linux no socket is raw (Of reports none, Wrap
-// returns the connection itself).
+// returns the connection itself); WriteFD and PeekFD are the syscall
+// package's calls on other Unix systems (sys_std.go).
 const Enabled = false
 
-func sysRead(uintptr, []byte) (int, syscall.Errno)  { return 0, syscall.ENOSYS }
-func sysWrite(uintptr, []byte) (int, syscall.Errno) { return 0, syscall.ENOSYS }
-func sysPeek(uintptr, []byte) (int, syscall.Errno)  { return 0, syscall.ENOSYS }
-func awaitReadable(uintptr) bool                    { return true }
+func awaitReadable(uintptr) bool { return true }

@@ -1,4 +1,4 @@
-//go:build linux && race
+//go:build unix && (race || !linux)
 
 package rawsock
 
@@ -6,7 +6,7 @@ import "syscall"
 
 // sysRead, sysWrite and sysPeek: see sys_raw.go. Under the race detector,
 // the syscall package's calls (they tell the detector of the bytes they
-// move).
+// move); on other Unix systems the same, for WriteFD and PeekFD.
 func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	for {
 		n, err := syscall.Read(int(fd), p)

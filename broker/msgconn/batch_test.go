@@ -20,27 +20,8 @@ import (
 
 // tcpPair is a real loopback TCP connection: a (the side under test) and b.
 func tcpPair(t *testing.T) (a, b net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		acc <- c
-	}()
-	a, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b = <-acc
-	if b == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
+	ac, bc := rawsocktest.TCPPair(t)
+	return ac, bc
 }
 
 type countingConn struct {
@@ -306,22 +287,8 @@ func TestBatchConnMovesBytesWithRawCalls(t *testing.T) {
 	a, b := tcpPair(t)
 	sc := &rawsocktest.Counted{TCPConn: b.(*net.TCPConn)}
 	bc := NewBatchConn(sc)
-	small := []byte("sixty-four bytes or so, a small message crossing the broker....")
+	rawsocktest.Exchange(t, a, bc, 100)
 	p := make([]byte, 1<<10)
-	for i := range 100 {
-		if _, err := a.Write(small); err != nil {
-			t.Fatal(err)
-		}
-		if n, err := io.ReadAtLeast(bc, p, len(small)); err != nil || !bytes.Equal(p[:n], small) {
-			t.Fatalf("read %d: %q, %v", i, p[:n], err)
-		}
-		if _, err := bc.Write(small); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(a, p[:len(small)]); err != nil || !bytes.Equal(p[:len(small)], small) {
-			t.Fatalf("peer read %d: %q, %v", i, p[:len(small)], err)
-		}
-	}
 	big := make([]byte, 16<<20) // more than both socket buffers hold
 	for i := range big {
 		big[i] = byte(i % 251)

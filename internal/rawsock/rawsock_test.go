@@ -11,31 +11,6 @@ import (
 	"github.com/hermes-securelink/securelink/internal/rawsock/rawsocktest"
 )
 
-// tcpPair is a connected pair of real loopback TCP sockets.
-func tcpPair(t *testing.T) (a, b *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		acc <- c
-	}()
-	ac, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	bc := <-acc
-	if bc == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { ac.Close(); bc.Close() })
-	return ac.(*net.TCPConn), bc.(*net.TCPConn)
-}
-
 // A wrapped socket moves its bytes with raw system calls through its
 // RawConn, never through the connection's own Read and Write (which enter
 // the runtime's system-call bookkeeping), and keeps what net/http and the
@@ -47,28 +22,14 @@ func TestConnMovesBytesWithRawCalls(t *testing.T) {
 	if !Enabled {
 		t.Skip("raw system calls are Linux-only")
 	}
-	a, b := tcpPair(t)
+	a, b := rawsocktest.TCPPair(t)
 	sc := &rawsocktest.Counted{TCPConn: b}
 	c := Wrap(sc)
 	if _, ok := c.(*Conn); !ok {
 		t.Fatalf("Wrap of a TCP connection is a %T, want a *Conn", c)
 	}
-	small := []byte("sixty-four bytes or so, a small message crossing the front.....")
+	rawsocktest.Exchange(t, a, c, 100)
 	p := make([]byte, 1<<10)
-	for i := range 100 {
-		if _, err := a.Write(small); err != nil {
-			t.Fatal(err)
-		}
-		if n, err := io.ReadAtLeast(c, p, len(small)); err != nil || !bytes.Equal(p[:n], small) {
-			t.Fatalf("read %d: %q, %v", i, p[:n], err)
-		}
-		if _, err := c.Write(small); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(a, p[:len(small)]); err != nil || !bytes.Equal(p[:len(small)], small) {
-			t.Fatalf("peer read %d: %q, %v", i, p[:len(small)], err)
-		}
-	}
 	big := make([]byte, 16<<20) // more than both socket buffers hold
 	for i := range big {
 		big[i] = byte(i % 251)
@@ -108,7 +69,7 @@ func TestConnMovesBytesWithRawCalls(t *testing.T) {
 	}
 
 	// The end: CloseWrite is seen by the peer, Close ends a waiting read.
-	a2, b2 := tcpPair(t)
+	a2, b2 := rawsocktest.TCPPair(t)
 	c2 := Wrap(b2)
 	if err := c2.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
 		t.Fatal(err)
@@ -120,7 +81,7 @@ func TestConnMovesBytesWithRawCalls(t *testing.T) {
 	if n, err := c2.Read(p); n != 0 || err != io.EOF {
 		t.Fatalf("read after the peer closed: %d, %v, want EOF", n, err)
 	}
-	_, b3 := tcpPair(t)
+	_, b3 := rawsocktest.TCPPair(t)
 	c3 := Wrap(b3)
 	done := make(chan error, 1)
 	go func() {

@@ -86,7 +86,11 @@ func (s *State) CountReplay(ctx context.Context, host wire.ID, d wire.Digest, ex
 		return false, err
 	}
 	if ok, err = s.addShare(ctx, ck, exp.Unix(), perCred, 1); err != nil || !ok {
-		s.addShare(ctx, hk, exp.Unix(), 0, -1)
+		// The give-back has a time of its own: ctx may be the one that
+		// just ran out.
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Timeout)
+		s.addShare(gctx, hk, exp.Unix(), 0, -1)
+		cancel()
 		return false, err
 	}
 	return true, nil
@@ -164,24 +168,27 @@ func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, 
 			return false, nil
 		}
 		c.add(exp, delta)
+		// The key lives until its last slot ends; exp stays the entry's
+		// own expiry for the next round's add.
+		var until int64
 		if len(c.Slots) == 0 {
 			if rev == 0 {
 				return true, nil
 			}
-			exp = time.Now().Unix() // nothing left to count: let it expire
+			until = time.Now().Unix() // nothing left to count: let it expire
 		} else {
-			exp = c.Slots[len(c.Slots)-1][0]
+			until = c.Slots[len(c.Slots)-1][0]
 		}
 		b, _ := json.Marshal(c)
 		var nrev uint64
 		var err error
 		if rev == 0 {
-			nrev, err = s.replay.Create(ctx, key, b, jetstream.KeyTTL(ttlUntil(exp)))
+			nrev, err = s.replay.Create(ctx, key, b, jetstream.KeyTTL(ttlUntil(until)))
 			if errors.Is(err, jetstream.ErrKeyExists) {
 				continue
 			}
 		} else {
-			nrev, err = s.publishTTL(ctx, s.replay, key, b, ttlUntil(exp), jetstream.WithExpectLastSequencePerSubject(rev))
+			nrev, err = s.publishTTL(ctx, s.replay, key, b, ttlUntil(until), jetstream.WithExpectLastSequencePerSubject(rev))
 			if revisionChanged(err) {
 				continue
 			}

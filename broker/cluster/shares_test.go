@@ -1,6 +1,13 @@
 package cluster
 
-import "testing"
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
 
 // TestShareCountSlots: a replay share counts entries per hour of expiry;
 // an entry leaves the count once its hour has ended, never before its
@@ -29,5 +36,51 @@ func TestShareCountSlots(t *testing.T) {
 	}
 	if n := c.live(12 * h); n != 0 || len(c.Slots) != 0 {
 		t.Fatalf("at 12h: %d in %v, want none", n, c.Slots)
+	}
+}
+
+// TestShareGiveBackAfterAConflictLeavesTheRightHour: instance A's cached
+// count of a host (one entry, five hours out) is stale after instance B
+// counted an entry two hours out; A's give-back of an entry two hours out
+// fails its guessed write, reads the engine and must take the one from the
+// two-hour slot — not from the slot its first round last saw, which would
+// leave the share one short of its entries for hours.
+func TestShareGiveBackAfterAConflictLeavesTheRightHour(t *testing.T) {
+	nc := startNATSCluster(t)
+	open := func(id string) *State {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		st, err := Open(ctx, Options{InstanceID: id, URLs: nc.urls(), BucketPrefix: "reach", Replicas: 3, Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		return st
+	}
+	a, b := open("a"), open("b")
+	ctx := context.Background()
+	key := preShareHost + wire.NewID().String()
+	now := time.Now().Unix()
+	early, late := now+2*shareSlot, now+5*shareSlot
+	if ok, err := a.addShare(ctx, key, late, 10, 1); err != nil || !ok {
+		t.Fatalf("a counts: %v %v", ok, err)
+	}
+	if ok, err := b.addShare(ctx, key, early, 10, 1); err != nil || !ok {
+		t.Fatalf("b counts: %v %v", ok, err)
+	}
+	if ok, err := a.addShare(ctx, key, early, 0, -1); err != nil || !ok {
+		t.Fatalf("a gives back: %v %v", ok, err)
+	}
+	e, err := a.replay.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c shareCount
+	if err := json.Unmarshal(e.Value(), &c); err != nil {
+		t.Fatal(err)
+	}
+	want := (late + shareSlot - 1) / shareSlot * shareSlot
+	if len(c.Slots) != 1 || c.Slots[0] != [2]int64{want, 1} {
+		t.Fatalf("after the give-back the engine holds %v, want [[%d 1]] (the five-hour entry)", c.Slots, want)
 	}
 }

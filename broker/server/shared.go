@@ -267,9 +267,12 @@ func (b *Broker) admitSharedLocked(ctx context.Context, h *hostSession, cred sto
 	case err != nil:
 	case !ok:
 		b.count("cluster:replay_share_full")
-		if sh.ReleaseConnectionID(cctx, id) != nil {
+		// A time of its own: the counting may have used up cctx's.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), sh.Timeout())
+		if sh.ReleaseConnectionID(rctx, id) != nil {
 			b.count("cluster:engine_error")
 		}
+		rcancel()
 		err = &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay share of this credential or host is full across the cluster"}
 	case cred.Kind == wire.KindBootstrap:
 		ok, err = sh.ClaimConsumed(cctx, cred.Digest, time.Unix(cred.ExpiresAt, 0))

@@ -330,15 +330,29 @@ func mergeCreditPayload(k, n, frames int) bool {
 // round trip per window while the client keeps up (wire.RecvWindow.Grow):
 // at 300-400 MB/s the 256 KiB initial window is about one grant round
 // trip, and the host waited on zero credit about half the time. The window
-// grows up to Config.MaxStreamWindow, and an increment always fits the
-// host's room now, so HostCreditBytes holds as for any grant. A slow
-// client's window does not grow.
+// grows up to Config.MaxStreamWindow, and an increment fits the host's room
+// beyond what is already promised: the bytes drained and not yet granted
+// back (every window's Pending: the grants they are owed) and the initial
+// windows of the streams the host may still open (they take theirs from
+// the cap without asking: startCreditLocked). So HostCreditBytes holds as
+// for any grant, however many streams open later and whichever windows
+// grew. A slow client's window does not grow.
 func (h *hostSession) growLocked(s *stream) {
 	if s.end != nil {
 		return // its credit is void (endStreamLocked)
 	}
 	c := &h.b.cfg
-	room := c.HostCreditBytes - h.downHeld - h.creditOut
+	owed := 0
+	if !s.dueQueued {
+		owed = int(s.downWin.Pending())
+	}
+	for _, d := range h.due { // the streams owed a grant (grantAllLocked)
+		if d.end == nil {
+			owed += int(d.downWin.Pending())
+		}
+	}
+	unopened := max(0, c.MaxStreamsPerHost-len(h.streams))
+	room := c.HostCreditBytes - h.downHeld - h.creditOut - owed - unopened*wire.InitialWindow
 	if g := s.downWin.Grow(int64(c.MaxStreamWindow()), int64(room)); g > 0 {
 		h.queueGrantLocked(s, g)
 		h.b.count("credit:grow") // statsMu is a leaf lock

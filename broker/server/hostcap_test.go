@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hermes-securelink/securelink/broker/wire"
+	"github.com/hermes-securelink/securelink/internal/testfake"
 )
 
 // committed is what host h has committed to the broker over its credit
@@ -245,5 +246,92 @@ func TestHostCreditCapWithholdsGrantsWhileEndedStreamsFlush(t *testing.T) {
 	}
 	if n := committed(h); n > capBytes {
 		t.Fatalf("committed %d after the grant, cap %d", n, capBytes)
+	}
+}
+
+// TestGrownWindowsLeaveTheUnopenedStreamsTheirInitialWindows: two streams
+// of a host whose cap is 8 initial windows and which may hold 4 streams
+// download with clients that keep up, so their windows grow; then the
+// other two streams open. Growth may only take the room beyond the
+// initial windows of the streams not yet opened, so with all four open the
+// credit the host holds stays within the cap.
+func TestGrownWindowsLeaveTheUnopenedStreamsTheirInitialWindows(t *testing.T) {
+	const capBytes, streams = 8 * wire.InitialWindow, 4
+	e := newEnv(t, func(c *Config) { c.HostCreditBytes, c.MaxStreamsPerHost = capBytes, streams })
+	host := e.creditHost(0)
+	tok := wire.NewToken()
+	e.publishRoute(host, "r1", tok)
+	a, aid := e.client(host, 0, wire.KindRoute, tok)
+	b, bid := e.client(host, 0, wire.KindRoute, tok)
+	cs := testfake.NewCreditSender(aid, bid)
+	opened := make(chan struct{}, 2)
+	go func() { // the host's reader: WINDOW frames, and the later opens
+		for {
+			typ, data, err := host.Read(context.Background())
+			if err != nil {
+				return
+			}
+			if typ == Text {
+				if m, err := wire.ParseBrokerMessage(data); err != nil {
+					t.Errorf("host got %q: %v", data, err)
+				} else if _, ok := m.(wire.Open); !ok {
+					t.Errorf("host got %#v", m)
+				}
+				opened <- struct{}{}
+				continue
+			}
+			f, perr := wire.Dialect{Credit: true}.ParseFrame(data)
+			if perr == nil && f.Flags == wire.FlagClose {
+				continue // the streams' ends, as the test closes
+			}
+			if perr != nil || f.Flags != wire.FlagWindow {
+				t.Errorf("host got %v %v flags %d", typ, perr, f.Flags)
+				return
+			}
+			cs.Grant(f.StreamID, f.Increment(), 20*time.Millisecond)
+		}
+	}()
+	const total = 16 << 20
+	got := make(chan int, 2)
+	for _, c := range []*pipeConn{a, b} {
+		go func() {
+			n := 0
+			for n < total {
+				_, data, err := c.Read(context.Background())
+				if err != nil {
+					break
+				}
+				n += len(data)
+			}
+			got <- n
+		}()
+	}
+	cs.Send(t, map[wire.ID]int{aid: total, bid: total}, func(id wire.ID, n int) {
+		sendBinary(t, host, dataFrame(id, make([]byte, n)))
+	})
+	for range 2 {
+		if n := <-got; n != total {
+			t.Fatalf("a client got %d of %d bytes", n, total)
+		}
+	}
+	h := e.session(0)
+	waitFor(t, "the downloads drained", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.downHeld == 0
+	})
+	if e.b.Stats().Counts["credit:grow"] == 0 {
+		t.Fatal("no window grew: the test shows nothing")
+	}
+	for range 2 { // the other two streams open (the reader takes the opens)
+		c := e.dial()
+		e.register(c, wire.RoleClient, e.hosts[0].id, wire.KindRoute, tok, wire.NewID())
+		if _, ok := readMsg(t, c).(wire.Matched); !ok {
+			t.Fatal("a later client was not matched")
+		}
+		<-opened
+	}
+	if n := committed(h); n > capBytes {
+		t.Fatalf("with all %d streams open the host holds %d bytes of credit, above the cap %d", streams, n, capBytes)
 	}
 }

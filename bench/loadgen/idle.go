@@ -49,40 +49,23 @@ func cmdIdle(args []string) error {
 			}
 		}
 	}()
-	var (
-		next     atomic.Int64
-		firstErr atomic.Value
-		wg       sync.WaitGroup
-	)
 	t0 := time.Now()
-	for w := 0; w < *par; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= *conns || firstErr.Load() != nil {
-					return
-				}
-				c, err := dialWS(ctx, *url, cfg)
-				if err != nil {
-					firstErr.CompareAndSwap(nil, fmt.Sprintf("dial %d: %v", i, err))
-					return
-				}
-				cs[i] = c
-				if err := relayAuth(ctx, c, i+1); err != nil {
-					firstErr.CompareAndSwap(nil, fmt.Sprintf("auth %d: %v", i, err))
-					return
-				}
-				// Keep the connection read side alive (pongs, closes) without
-				// touching the server: an idle client is what is measured.
-				c.CloseRead(ctx)
-			}
-		}()
-	}
-	wg.Wait()
-	if e := firstErr.Load(); e != nil {
-		return errors.New(e.(string))
+	err = dialAll(*conns, *par, func(i int) error {
+		c, err := dialWS(ctx, *url, cfg)
+		if err != nil {
+			return fmt.Errorf("dial %d: %v", i, err)
+		}
+		cs[i] = c
+		if err := relayAuth(ctx, c, i+1); err != nil {
+			return fmt.Errorf("auth %d: %v", i, err)
+		}
+		// Keep the connection read side alive (pongs, closes) without
+		// touching the server: an idle client is what is measured.
+		c.CloseRead(ctx)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	openSecs := time.Since(t0).Seconds()
 	time.Sleep(*settle)
@@ -94,5 +77,36 @@ func cmdIdle(args []string) error {
 	perK := delta / 1024 * 1000 / float64(*conns)
 	fmt.Printf("conns=%d open_secs=%.2f rss_before_kib=%d rss_after_kib=%d mib_per_1000=%.1f\n",
 		*conns, openSecs, before.rssKiB, after.rssKiB, perK)
+	return nil
+}
+
+// dialAll runs open(i) for i in [0, n) on par workers, each taking the
+// next index; after the first error no new one starts, and it is returned.
+func dialAll(n, par int, open func(i int) error) error {
+	var (
+		next     atomic.Int64
+		firstErr atomic.Pointer[error]
+		wg       sync.WaitGroup
+	)
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || firstErr.Load() != nil {
+					return
+				}
+				if err := open(i); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if e := firstErr.Load(); e != nil {
+		return *e
+	}
 	return nil
 }

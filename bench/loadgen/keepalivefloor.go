@@ -88,12 +88,15 @@ func floorKeepalive(c *tls.Conn, size int, first, interval time.Duration) error 
 		_, err := c.Write(b[:size])
 		return err
 	}
+	// Made stopped and then started, so the function never runs before t
+	// is set (first may be about 0).
 	var t *time.Timer
-	t = time.AfterFunc(first, func() {
+	t = time.AfterFunc(time.Hour, func() {
 		if write(floorPing) == nil {
 			t.Reset(interval)
 		}
 	})
+	t.Reset(first)
 	defer t.Stop()
 	buf := make([]byte, 128)
 	for {
@@ -136,36 +139,18 @@ func cmdKeepaliveFloor(args []string) error {
 	}
 	cfg := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
 	conns := make([]*tls.Conn, *n)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, *par)
-	for range *par {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= *n {
-					return
-				}
-				d := net.Dialer{Timeout: dialTimeout}
-				c, err := tls.DialWithDialer(&d, "tcp", *addr, cfg)
-				if err != nil {
-					errs <- err
-					return
-				}
-				conns[i] = c
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
+	err = dialAll(*n, *par, func(i int) error {
+		d := net.Dialer{Timeout: dialTimeout}
+		c, err := tls.DialWithDialer(&d, "tcp", *addr, cfg)
+		conns[i] = c
+		return err
+	})
 	for _, c := range conns {
 		if c != nil {
 			defer c.Close()
 		}
 	}
-	if err := <-errs; err != nil {
+	if err != nil {
 		return fmt.Errorf("dial: %w", err)
 	}
 	var failed atomic.Int64

@@ -179,7 +179,7 @@ func (r *RecvWindow) Consumed(n int) {
 }
 
 // Due returns the increment to send now, at most limit bytes (the caller's
-// memory cap; negative means none), and counts it as granted. It waits
+// memory cap; at most 0: nothing), and counts it as granted. It waits
 // until GrantThreshold bytes are grantable unless the sender has no credit
 // left, so WINDOW frames stay few and the sender never waits on a small
 // remainder.
@@ -231,7 +231,7 @@ func (r *RecvWindow) Widen(n int64) uint32 {
 // bytes (what the receiver can buffer for the stream, at most MaxWindow),
 // and returns the difference to grant at once, beyond what was drained;
 // at most limit (what the receiver may still commit, e.g. a per-host cap;
-// negative means none), counted as granted; 0 is no growth. Either way a
+// at most 0: nothing), counted as granted; 0 is no growth. Either way a
 // new epoch starts. A window never shrinks, and a slow reader's never
 // grows: its window takes many round trips to drain.
 //

@@ -474,7 +474,7 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 		b.mu.Unlock()
 		return s, nil
 	}
-	if _, ok := b.state.Lookup(d); !ok && b.cfg.Shared != nil {
+	if b.cfg.Shared != nil && !b.mirrored(d) {
 		// Read from the engine (lookupShared), whose claim above already
 		// recorded its use: the mirror holds it just to consume it.
 		b.state.ApplyOp(store.Op{Kind: store.OpPutBootstrap, Cred: cred}, now)
@@ -513,6 +513,12 @@ func (b *Broker) match(ctx context.Context, c msgconn.Conn, reg wire.Register) (
 		return nil, &wire.Error{Code: wire.CodeHostOffline, Detail: "host left while the bootstrap use was written"}
 	}
 	return b.openLocked(h, c, cred), nil
+}
+
+// mirrored (b.mu held) reports whether the state holds credential d.
+func (b *Broker) mirrored(d wire.Digest) bool {
+	_, ok := b.state.Lookup(d)
+	return ok
 }
 
 // admitLocked (b.mu held) runs the checks of the matching order and, when

@@ -64,8 +64,12 @@ var errUnknownCredential = &wire.Error{Code: wire.CodeUnauthorized, Detail: "unk
 // (match, cluster mode): a client that lands here right after the host
 // published on another instance would otherwise be refused while the
 // watch has not delivered the publication. The credential found is used
-// for this match only, never put in the mirror: the watch may already have
-// delivered a later delete of it, which a late insert would undo. Consumed
+// for this match only and not kept as a live credential in the mirror: the
+// watch may already have delivered a later delete of it, which a late
+// insert would undo. (A bootstrap read this way enters the mirror only to
+// be consumed at once, after its engine claim succeeded: match. Should the
+// consumption's write fail and be undone, the mirror holds it live, and a
+// later match of it still ends at the engine's claim: replayed.) Consumed
 // and revoked digests are still decided by the mirror and the engine's
 // creates, as without the read. nil, nil: the engine has no such
 // credential either. The engine unreachable → `unavailable`, never an

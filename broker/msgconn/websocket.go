@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,9 +45,12 @@ type WebSocket struct {
 	// (pongWatch), so a Keepalive's ping is only a write, and answers the
 	// peer's pings itself (answerPing).
 	pongs *pongWatch
-	// fragmented is set while write sends a message in several frames:
+	// fragmented counts the messages write is sending in several frames:
 	// the library's own pong then goes between two of them (answerPing).
-	fragmented atomic.Bool
+	// fragMu orders answerPing's look at it before its write against a
+	// fragmented write's start, so a pong never waits for a whole message.
+	fragMu     sync.Mutex
+	fragmented atomic.Int32
 }
 
 // pongWatch is the ping state of a WebSocket whose reader notes pongs: the
@@ -139,9 +143,13 @@ func (w *WebSocket) answerPing(also func(context.Context, []byte) bool) func(con
 		if also != nil && !also(ctx, payload) {
 			return false
 		}
-		if w.fragmented.Load() {
+		w.fragMu.Lock()
+		defer w.fragMu.Unlock()
+		if w.fragmented.Load() > 0 {
 			return true
 		}
+		// No fragmented message can start until this write is done: it
+		// waits, if at all, for a message of one frame.
 		w.c.Write(ctx, websocket.MessageType(opPong), payload)
 		return false
 	}
@@ -320,8 +328,10 @@ func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, parts [][
 		}
 		return err
 	}
-	w.fragmented.Store(true)
-	defer w.fragmented.Store(false)
+	w.fragMu.Lock()
+	w.fragmented.Add(1)
+	w.fragMu.Unlock()
+	defer w.fragmented.Add(-1)
 	wr, err := w.c.Writer(ctx, websocket.MessageType(typ))
 	if err != nil {
 		return err

@@ -243,7 +243,7 @@ func TestReloadLoadsAddedHosts(t *testing.T) {
 // stays, the new one never appears.
 func TestRouteReplacementIsAtomic(t *testing.T) {
 	r := newRig(t, 10*time.Minute)
-	if !r.shared[0].atomic {
+	if !r.shared[0].AtomicWrites() {
 		t.Fatal("the engine does not take atomic batches (nats-server >= 2.12 expected)")
 	}
 	hA := r.hostOn(0)

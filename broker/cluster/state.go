@@ -147,6 +147,11 @@ func Open(ctx context.Context, opt Options) (*State, error) {
 	return s, nil
 }
 
+// AtomicWrites reports whether Write makes a change of several ops one
+// atomic batch (allowAtomic succeeded at Open); false: op by op, as on an
+// engine older than nats-server 2.12.
+func (s *State) AtomicWrites() bool { return s.atomic }
+
 // allowAtomic turns on atomic batches on the state bucket's stream (the KV
 // API has no setting for it, and CreateOrUpdateKeyValue turns it off
 // again: every instance's start sets it once more). An engine older than

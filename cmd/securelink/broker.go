@@ -131,6 +131,9 @@ func runBroker(ctx context.Context, path string) error {
 		defer node.Close()
 		node.Apply(cfg)
 		fmt.Fprintf(os.Stderr, "securelink: cluster instance %s, peer listener %s\n", cfg.Cluster.InstanceID, cfg.Cluster.Peer.Listen)
+		if !node.State.AtomicWrites() {
+			log.Warn().Msg("cluster: the engine takes no atomic batches (nats-server before 2.12, or its stream setting could not be changed): a change of several state entries, such as a route replacement, is written entry by entry")
+		}
 	}
 	b, err := server.New(*cfg, log)
 	if err != nil {

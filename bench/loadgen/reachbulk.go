@@ -39,6 +39,7 @@ func cmdReachBulk(args []string) error {
 	caFile := fs.String("ca-file", "", "the broker's certificate (PEM)")
 	hostPath := fs.String("host", "", "JSON from `securelink broker add-host --json`: the host this run registers as")
 	msgSize := fs.Int("msg-size", wire.MaxClientFrame, "bytes per Write on either end (the client's message size)")
+	echoRate := fs.Float64("echo-rate", 0, "echo: round trips started per second (0: back to back)")
 	var win window
 	win.flags(fs, 2*time.Second, "server pids for CPU accounting (the broker)")
 	fs.Parse(args)
@@ -75,7 +76,7 @@ func cmdReachBulk(args []string) error {
 	}
 	defer p.close()
 	if *mode == "echo" {
-		res, err := measureEcho(p.client, p.host, *msgSize, win, meter)
+		res, err := measureEcho(p.client, p.host, *msgSize, *echoRate, win, meter)
 		if err != nil {
 			return err
 		}
@@ -258,7 +259,7 @@ func measureBulk(src, dst net.Conn, msg int, win window, meter *cpuMeter) (bulkR
 // small-message path, without the front, inner TLS or the Relay. It prints
 // round-trip percentiles and the broker's CPU per round trip (two
 // messages cross it).
-func measureEcho(cl, host net.Conn, msg int, win window, meter *cpuMeter) (string, error) {
+func measureEcho(cl, host net.Conn, msg int, rate float64, win window, meter *cpuMeter) (string, error) {
 	go func() {
 		buf := make([]byte, msg)
 		for {
@@ -295,6 +296,12 @@ func measureEcho(cl, host net.Conn, msg int, win window, meter *cpuMeter) (strin
 	var samples []int64
 	t0 := time.Now()
 	for time.Since(t0) < win.dur && len(samples) < maxSamples {
+		if rate > 0 {
+			// Paced: the next round trip starts on its slot (or at once when late).
+			if wait := time.Until(t0.Add(time.Duration(float64(len(samples)) * float64(time.Second) / rate))); wait > 0 {
+				time.Sleep(wait)
+			}
+		}
 		d, err := trip()
 		if err != nil {
 			return "", err

@@ -91,7 +91,7 @@ func TestReachBulkMovesCheckedBytesBothWays(t *testing.T) {
 			t.Fatalf("%s: %v", mode, err)
 		}
 		if mode == "echo" {
-			line, err := measureEcho(p.client, p.host, 64, win, nil)
+			line, err := measureEcho(p.client, p.host, 64, 0, win, nil)
 			if err != nil || kvOf(line, "ops") == "0" || kvOf(line, "mode") != "echo" {
 				t.Errorf("echo: %q, %v", line, err)
 			}

@@ -3,6 +3,7 @@ package msgconn
 import (
 	"net"
 	"sync"
+	"time"
 
 	"github.com/hermes-securelink/securelink/internal/rawsock"
 )
@@ -43,7 +44,8 @@ type BatchConn struct {
 	sock  rawsock.Sock
 	ahead *[]byte
 	aoff  int
-	bulk  bool // the last read filled what was asked: read ahead next
+	bulk  bool  // the last read filled what was asked: read ahead next
+	quick uint8 // consecutive plain reads that returned within quietAfter, up to busyAfter
 
 	mu       sync.Mutex
 	cond     sync.Cond // flushing ended
@@ -64,6 +66,14 @@ func NewBatchConn(c net.Conn) *BatchConn {
 // readAhead is what one read(2) may fill for a small Read.
 const readAhead = 128 << 10
 
+// quietAfter is how long a plain read may wait for its bytes and still
+// count as a busy socket's, and busyAfter how many such reads in a row
+// make the socket busy (see Read).
+const (
+	quietAfter = 4 * time.Millisecond
+	busyAfter  = 4
+)
+
 var aheadPool = sync.Pool{New: func() any {
 	b := make([]byte, readAhead)
 	return &b
@@ -78,9 +88,22 @@ var aheadPool = sync.Pool{New: func() any {
 // brings no more than was asked goes back to plain reads, so a socket of
 // small messages pays nothing for it. The buffer is taken from a pool only
 // once the socket has data (rawsock.Sock.ReadPooled) and goes back as soon
-// as it is drained, so a connection waiting for bytes holds none. Every
-// read(2) is a raw one through the socket's RawConn (internal/rawsock).
-// Deadlines and Close apply as to the plain connection.
+// as it is drained, so a connection waiting for bytes holds none.
+//
+// A plain read that finds the socket empty waits in one of two ways. A
+// quiet socket's holds nothing while it waits (rawsock.Sock.Read: two
+// ppoll(2) calls around the poller's wait and a second call into the
+// RawConn). Once busyAfter reads in a row returned within quietAfter of
+// being called, the socket is busy and its reads wait as the plain
+// connection's do (rawsock.Sock.ReadWait: no ppoll, one RawConn call),
+// holding a pooled ~100-byte op while they wait: on a stream of small
+// messages two system calls fewer per message. A read that waited longer
+// makes the socket quiet again, so a socket that goes idle holds one op
+// through its first long wait and none after it (an idle host or stream
+// is woken by a keepalive round every ping interval), and one that went
+// idle after a few messages (a registration) holds none. Every read(2) is
+// a raw one through the socket's RawConn (internal/rawsock). Deadlines
+// and Close apply as to the plain connection.
 func (b *BatchConn) Read(p []byte) (int, error) {
 	if b.ahead != nil {
 		n := copy(p, (*b.ahead)[b.aoff:])
@@ -96,7 +119,19 @@ func (b *BatchConn) Read(p []byte) (int, error) {
 		return b.Conn.Read(p)
 	}
 	if !b.bulk || len(p) >= readAhead {
-		n, err := b.sock.Read(p)
+		t := time.Now()
+		var n int
+		var err error
+		if b.quick >= busyAfter {
+			n, err = b.sock.ReadWait(p)
+		} else {
+			n, err = b.sock.Read(p)
+		}
+		if err == nil && time.Since(t) < quietAfter {
+			b.quick = min(b.quick+1, busyAfter)
+		} else {
+			b.quick = 0
+		}
 		b.bulk = err == nil && n == len(p)
 		return n, err
 	}

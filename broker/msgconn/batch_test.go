@@ -10,11 +10,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/internal/rawsock"
 	"github.com/hermes-securelink/securelink/internal/rawsock/rawsocktest"
 )
 
@@ -328,5 +330,121 @@ func TestBatchConnMovesBytesWithRawCalls(t *testing.T) {
 	}
 	if r, w := sc.Reads.Load(), sc.Writes.Load(); r != 0 || w != 0 {
 		t.Errorf("%d Read and %d Write calls on the connection, want none: the bytes moved through them", r, w)
+	}
+}
+
+// waitWatch is a real TCP connection whose RawConn counts the calls of
+// its Read (the raw path's read steps and waits go through it) and says on
+// waiting when a step asks to wait for the poller.
+type waitWatch struct {
+	*net.TCPConn
+	calls   atomic.Int64
+	waiting chan struct{}
+}
+
+func (c *waitWatch) SyscallConn() (syscall.RawConn, error) {
+	rc, err := c.TCPConn.SyscallConn()
+	return watchedRaw{RawConn: rc, w: c}, err
+}
+
+type watchedRaw struct {
+	syscall.RawConn
+	w *waitWatch
+}
+
+func (r watchedRaw) Read(f func(fd uintptr) bool) error {
+	r.w.calls.Add(1)
+	return r.RawConn.Read(func(fd uintptr) bool {
+		if f(fd) {
+			return true
+		}
+		select {
+		case r.w.waiting <- struct{}{}:
+		default:
+		}
+		return false
+	})
+}
+
+// A busy socket's read waits for its bytes as the plain connection's
+// does, in one call into the RawConn (no ppoll(2) around the poller's
+// wait, no second read call); a new socket's read, and one after a read
+// that waited longer than quietAfter, waits holding nothing: the empty
+// read, the stateless wait and the read, three calls. A busy socket's
+// waiting read still ends with Close.
+func TestBatchConnBusySocketWaitsOnThePoller(t *testing.T) {
+	if !rawsock.Enabled {
+		t.Skip("no raw socket path on this system")
+	}
+	a, b := tcpPair(t)
+	w := &waitWatch{TCPConn: b.(*net.TCPConn), waiting: make(chan struct{}, 1)}
+	bc := NewBatchConn(w)
+	msg := []byte("a small message")
+	p := make([]byte, 1<<10)
+	// read is one Read of msg, which the peer sends once the read waits
+	// (and pause after that): the calls into the RawConn it made.
+	read := func(step string, pause time.Duration) int64 {
+		t.Helper()
+		select { // a wait signalled and not consumed (a spurious wake-up)
+		case <-w.waiting:
+		default:
+		}
+		sent := make(chan error, 1)
+		go func() {
+			<-w.waiting
+			time.Sleep(pause)
+			_, err := a.Write(msg)
+			sent <- err
+		}()
+		c0 := w.calls.Load()
+		n, err := bc.Read(p)
+		if err != nil || !bytes.Equal(p[:n], msg) {
+			t.Fatalf("%s: read %q, %v", step, p[:n], err)
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+		return w.calls.Load() - c0
+	}
+	// busy makes the socket busy: busyAfter reads of bytes already there,
+	// each returning at once.
+	busy := func() {
+		t.Helper()
+		for range busyAfter {
+			if _, err := a.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := bc.Read(p); err != nil || !bytes.Equal(p[:n], msg) {
+				t.Fatalf("read %q, %v", p[:n], err)
+			}
+		}
+	}
+	if c := read("new socket", 0); c != 3 {
+		t.Fatalf("a new socket's read that waited made %d calls into the RawConn, want 3 (the stateless wait)", c)
+	}
+	busy()
+	if c := read("busy", 0); c != 1 {
+		t.Fatalf("a busy socket's read that waited made %d calls into the RawConn, want 1 (a wait on the poller holding its op)", c)
+	}
+	read("goes quiet", 3*quietAfter)
+	if c := read("quiet", 0); c != 3 {
+		t.Fatalf("a quiet socket's read that waited made %d calls into the RawConn, want 3 (the stateless wait)", c)
+	}
+	// Busy again, then Close while a read waits.
+	busy()
+	ended := make(chan error, 1)
+	go func() {
+		_, err := bc.Read(p)
+		ended <- err
+	}()
+	<-w.waiting
+	bc.Close()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("a waiting read on a closed socket: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a busy socket's waiting read did not end with Close")
 	}
 }

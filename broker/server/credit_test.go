@@ -288,12 +288,17 @@ func TestStalledClientUnderCreditStallsNobody(t *testing.T) {
 	stalled, sid := e.client(host, 0, wire.KindRoute, tok)
 	e.pipeN = 16
 	live, lid := e.client(host, 0, wire.KindRoute, tok)
-	for i := 0; i < 4; i++ {
+	// One message fills the stalled client's socket; the broker holds the
+	// rest. The first frame is in that socket before the others are sent:
+	// queued together, the four could leave as that one message
+	// (ClientWriteChunk), leaving nothing held.
+	sendBinary(t, host, dataFrame(sid, bytes.Repeat([]byte{9}, 64<<10)))
+	waitFor(t, "the stalled client's socket full", func() bool { n, _ := stalled.Unread(); return n == 1 })
+	for i := 1; i < 4; i++ {
 		sendBinary(t, host, dataFrame(sid, bytes.Repeat([]byte{9}, 64<<10)))
 	}
 	h := e.session(0)
 	held := func() int { return downHeld(h) }
-	// One message fills the stalled client's socket; the broker holds the rest.
 	waitFor(t, "bytes held for the stalled client", func() bool { return held() > 0 })
 	const total = 8 << 20
 	sent, got, credit := 0, 0, wire.InitialWindow

@@ -38,7 +38,9 @@ import (
 //
 // What it keeps identical to the ReverseProxy path: the request head is
 // what (*http.Request).Write writes (FuzzRequestHead holds the two equal)
-// and the answer is parsed by http.ReadResponse, as the Transport does;
+// and the answer is what http.ReadResponse, which the Transport uses, makes
+// of it (readResponse parses the common answer itself and leaves the rest
+// to ReadResponse; FuzzReadResponse holds the two equal);
 // header fields are validated as the Transport validates them; the same
 // policy functions apply to both directions, hop-by-hop response headers are
 // removed as ReverseProxy removes them; 1xx answers are relayed (under the
@@ -77,7 +79,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	pooled := true
 	defer func() {
 		if pooled {
-			*ex = directExchange{}
+			*ex = directExchange{slot: responseSlot{hdr: ex.slot.hdr}}
 			exchangePool.Put(ex)
 		}
 	}()
@@ -106,7 +108,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 			return
 		}
 		stop = context.AfterFunc(ctx, pc.cancelFn)
-		if resp, err = f.roundTrip(w, pc, out, total); err == nil {
+		if resp, err = f.roundTrip(w, pc, out, &ex.slot, total); err == nil {
 			break
 		}
 		stop()
@@ -207,16 +209,19 @@ type directExchange struct {
 	target url.URL
 	out    http.Request
 	body   directBody
+	slot   responseSlot // the answer, when readResponse parsed it itself
 }
 
-// exchangePool keeps directExchanges (about 560 bytes) between requests:
-// nothing holds one once its handler has returned.
+// exchangePool keeps directExchanges (about 1 KiB, and the answer's header
+// map) between requests: nothing holds one once its handler has returned
+// (the header values handed to the client's header map are allocated per
+// answer, only the map is reused).
 var exchangePool = sync.Pool{New: func() any { return new(directExchange) }}
 
 // roundTrip writes out on pc (one write, see upConn.send) and reads the
-// response head, relaying 1xx answers. The read deadline bounds the wait by
+// response head (readResponse, into rs), relaying 1xx answers. The read deadline bounds the wait by
 // the idle read and the total.
-func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Request, total time.Time) (*http.Response, error) {
+func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Request, rs *responseSlot, total time.Time) (*http.Response, error) {
 	// The head starts empty whatever an earlier failed exchange left (its
 	// connection was closed anyway).
 	pc.head.Reset()
@@ -240,7 +245,7 @@ func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Reque
 	}
 	pc.limit = maxResponseHead
 	for {
-		resp, err := http.ReadResponse(pc.br, out)
+		resp, err := readResponse(pc.br, out, rs)
 		if err != nil {
 			if pc.limit <= 0 {
 				err = fmt.Errorf("%w (%d bytes)", errHeadTooLarge, maxResponseHead)

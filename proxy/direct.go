@@ -79,6 +79,8 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	pooled := true
 	defer func() {
 		if pooled {
+			// Normally done already; not after a panic.
+			f.pool.gone.done(&ex.wait)
 			*ex = directExchange{slot: responseSlot{hdr: ex.slot.hdr}}
 			exchangePool.Put(ex)
 		}
@@ -96,10 +98,15 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	}
 	total := time.Now().Add(l.UpstreamTotal)
 	ctx := r.Context()
+	if ctx.Err() != nil {
+		// The client left already: nothing goes upstream (the watch
+		// below would only notice after a tick).
+		f.fail(w, r, ctx.Err())
+		return
+	}
 	var (
 		pc   *upConn
 		resp *http.Response
-		stop func() bool
 		err  error
 	)
 	for {
@@ -107,11 +114,12 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 			f.fail(w, r, err)
 			return
 		}
-		stop = context.AfterFunc(ctx, pc.cancelFn)
+		// A client that leaves cancels the exchange (see goneWatch).
+		f.pool.gone.add(&ex.wait, ctx, pc)
 		if resp, err = f.roundTrip(w, pc, out, &ex.slot, total); err == nil {
 			break
 		}
-		stop()
+		f.pool.gone.done(&ex.wait)
 		pc.conn.Close()
 		if ctx.Err() != nil || !pc.reused || !retryable(out, pc, err) {
 			f.fail(w, r, err)
@@ -119,7 +127,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		}
 	}
 	b := &ex.body
-	*b = directBody{f: f, pc: pc, rc: resp.Body, stop: stop, total: total,
+	*b = directBody{f: f, pc: pc, rc: resp.Body, wait: &ex.wait, total: total,
 		keep: !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols}
 	if resp.Body == http.NoBody || r.Method == http.MethodHead {
 		b.finish(true)
@@ -210,6 +218,7 @@ type directExchange struct {
 	out    http.Request
 	body   directBody
 	slot   responseSlot // the answer, when readResponse parsed it itself
+	wait   clientWait   // the exchange's place in its pool's goneWatch
 }
 
 // exchangePool keeps directExchanges (about 1 KiB, and the answer's header
@@ -374,7 +383,7 @@ type directBody struct {
 	f     *forwarder
 	pc    *upConn
 	rc    io.ReadCloser
-	stop  func() bool
+	wait  *clientWait
 	total time.Time
 	keep  bool
 	done  bool
@@ -451,7 +460,7 @@ func (b *directBody) Close() error {
 
 func (b *directBody) finish(eof bool) {
 	b.done, b.eof = true, eof
-	if b.stop() && eof && b.keep && !b.pc.sawEOF {
+	if b.f.pool.gone.done(b.wait) && eof && b.keep && !b.pc.sawEOF {
 		b.f.pool.put(b.pc)
 		return
 	}

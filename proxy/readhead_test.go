@@ -181,3 +181,40 @@ func TestReadResponseSlotReuse(t *testing.T) {
 		t.Fatalf("the first answer's values became %q", kept)
 	}
 }
+
+// BenchmarkReadResponse is the bench upstream's small answer read by
+// readResponse (own) and by http.ReadResponse (stdlib).
+func BenchmarkReadResponse(b *testing.B) {
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\nDate: Mon, 30 Nov 2026 10:00:00 GMT\r\n\r\n" + strings.Repeat("s", 100))
+	req := &http.Request{Method: http.MethodGet}
+	for _, own := range []bool{true, false} {
+		name := "stdlib"
+		if own {
+			name = "own"
+		}
+		b.Run(name, func(b *testing.B) {
+			src := bytes.NewReader(answer)
+			br := bufio.NewReaderSize(src, 4<<10)
+			var rs responseSlot
+			buf := make([]byte, 256)
+			b.ReportAllocs()
+			for b.Loop() {
+				src.Reset(answer)
+				br.Reset(src)
+				var resp *http.Response
+				var err error
+				if own {
+					resp, err = readResponse(br, req, &rs)
+				} else {
+					resp, err = http.ReadResponse(br, req)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n, _ := io.ReadFull(resp.Body, buf[:100]); n != 100 {
+					b.Fatal(n)
+				}
+			}
+		})
+	}
+}

@@ -22,8 +22,12 @@ type readResult struct {
 	taken bool // readResponse parsed it itself
 }
 
-func readWith(data []byte, method string, own bool) readResult {
-	br := bufio.NewReaderSize(bytes.NewReader(data), 4<<10)
+func readWith(data []byte, method string, own bool, chunk int) readResult {
+	var src io.Reader = bytes.NewReader(data)
+	if chunk > 0 {
+		src = &chunkReader{data: data, n: chunk}
+	}
+	br := bufio.NewReaderSize(src, 4<<10)
 	req := &http.Request{Method: method}
 	var (
 		r  readResult
@@ -43,11 +47,28 @@ func readWith(data []byte, method string, own bool) readResult {
 	return r
 }
 
+// chunkReader hands out data at most n bytes per Read, as a socket may.
+type chunkReader struct {
+	data []byte
+	n    int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), r.n, len(r.data))
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
+}
+
 // compareRead fails unless readResponse gives what http.ReadResponse gives
 // on data: the same error or the same answer, body and rest of the stream.
-func compareRead(t *testing.T, data []byte, method string) readResult {
+// chunk > 0 delivers data that many bytes per read.
+func compareRead(t *testing.T, data []byte, method string, chunk int) readResult {
 	t.Helper()
-	got, want := readWith(data, method, true), readWith(data, method, false)
+	got, want := readWith(data, method, true, chunk), readWith(data, method, false, chunk)
 	if (got.err == nil) != (want.err == nil) || (got.err != nil && got.err.Error() != want.err.Error()) {
 		t.Fatalf("%q: error %v, ReadResponse %v", data, got.err, want.err)
 	}
@@ -131,7 +152,12 @@ func FuzzReadResponse(f *testing.F) {
 		if head {
 			method = http.MethodHead
 		}
-		compareRead(t, data, method)
+		compareRead(t, data, method, 0)
+		// The same bytes arriving in pieces (the last input byte sets
+		// their size): a head split across reads is ReadResponse's.
+		if len(data) > 0 {
+			compareRead(t, data, method, 1+int(data[len(data)-1])%64)
+		}
 	})
 }
 
@@ -140,20 +166,28 @@ func FuzzReadResponse(f *testing.F) {
 // two agree on all of it (FuzzReadResponse runs the same seeds).
 func TestReadResponseSubset(t *testing.T) {
 	for i, s := range readHeadSeeds {
-		r := compareRead(t, []byte(s), http.MethodGet)
+		r := compareRead(t, []byte(s), http.MethodGet, 0)
 		want := i <= 4 || i == 8 || i == 29 || i == 35
 		if r.taken != want {
 			t.Errorf("%q: parsed itself %v, want %v", s, r.taken, want)
 		}
 	}
+	// A head split across reads is ReadResponse's; one whose first read
+	// holds it whole is parsed, the body read in pieces.
+	if r := compareRead(t, []byte(readHeadSeeds[0]), http.MethodGet, 20); r.taken {
+		t.Errorf("a head split across reads was parsed by readResponse")
+	}
+	if r := compareRead(t, []byte(readHeadSeeds[0]), http.MethodGet, 130); !r.taken || string(r.body) != "hello" {
+		t.Errorf("head in the first read: parsed itself %v, body %q", r.taken, r.body)
+	}
 	// A HEAD request's answer is always ReadResponse's.
-	if r := compareRead(t, []byte(readHeadSeeds[0]), http.MethodHead); r.taken {
+	if r := compareRead(t, []byte(readHeadSeeds[0]), http.MethodHead, 0); r.taken {
 		t.Errorf("HEAD answer parsed by readResponse")
 	}
 	// A head that is not all buffered yet is ReadResponse's too, and read
 	// whole.
 	big := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Big: " + strings.Repeat("b", 5000) + "\r\n\r\nok"
-	if r := compareRead(t, []byte(big), http.MethodGet); r.taken || string(r.body) != "ok" {
+	if r := compareRead(t, []byte(big), http.MethodGet, 0); r.taken || string(r.body) != "ok" {
 		t.Errorf("large head: parsed itself %v, body %q", r.taken, r.body)
 	}
 }

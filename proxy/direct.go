@@ -38,7 +38,9 @@ import (
 //
 // What it keeps identical to the ReverseProxy path: the request head is
 // what (*http.Request).Write writes (FuzzRequestHead holds the two equal)
-// and the answer is parsed by http.ReadResponse, as the Transport does;
+// and the answer is what http.ReadResponse, which the Transport uses, makes
+// of it (readResponse parses the common answer itself and leaves the rest
+// to ReadResponse; FuzzReadResponse holds the two equal);
 // header fields are validated as the Transport validates them; the same
 // policy functions apply to both directions, hop-by-hop response headers are
 // removed as ReverseProxy removes them; 1xx answers are relayed (under the
@@ -77,7 +79,9 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	pooled := true
 	defer func() {
 		if pooled {
-			*ex = directExchange{}
+			// Normally done already; not after a panic.
+			f.pool.gone.done(&ex.wait)
+			*ex = directExchange{slot: responseSlot{hdr: ex.slot.hdr}}
 			exchangePool.Put(ex)
 		}
 	}()
@@ -94,10 +98,15 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	}
 	total := time.Now().Add(l.UpstreamTotal)
 	ctx := r.Context()
+	if ctx.Err() != nil {
+		// The client left already: nothing goes upstream (the watch
+		// below would only notice after a tick).
+		f.fail(w, r, ctx.Err())
+		return
+	}
 	var (
 		pc   *upConn
 		resp *http.Response
-		stop func() bool
 		err  error
 	)
 	for {
@@ -105,11 +114,12 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 			f.fail(w, r, err)
 			return
 		}
-		stop = context.AfterFunc(ctx, pc.cancelFn)
-		if resp, err = f.roundTrip(w, pc, out, total); err == nil {
+		// A client that leaves cancels the exchange (see goneWatch).
+		f.pool.gone.add(&ex.wait, ctx, pc)
+		if resp, err = f.roundTrip(w, pc, out, &ex.slot, total); err == nil {
 			break
 		}
-		stop()
+		f.pool.gone.done(&ex.wait)
 		pc.conn.Close()
 		if ctx.Err() != nil || !pc.reused || !retryable(out, pc, err) {
 			f.fail(w, r, err)
@@ -117,7 +127,7 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		}
 	}
 	b := &ex.body
-	*b = directBody{f: f, pc: pc, rc: resp.Body, stop: stop, total: total,
+	*b = directBody{f: f, pc: pc, rc: resp.Body, wait: &ex.wait, total: total,
 		keep: !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols}
 	if resp.Body == http.NoBody || r.Method == http.MethodHead {
 		b.finish(true)
@@ -207,16 +217,20 @@ type directExchange struct {
 	target url.URL
 	out    http.Request
 	body   directBody
+	slot   responseSlot // the answer, when readResponse parsed it itself
+	wait   clientWait   // the exchange's place in its pool's goneWatch
 }
 
-// exchangePool keeps directExchanges (about 560 bytes) between requests:
-// nothing holds one once its handler has returned.
+// exchangePool keeps directExchanges (about 1 KiB, and the answer's header
+// map) between requests: nothing holds one once its handler has returned
+// (the header values handed to the client's header map are allocated per
+// answer, only the map is reused).
 var exchangePool = sync.Pool{New: func() any { return new(directExchange) }}
 
 // roundTrip writes out on pc (one write, see upConn.send) and reads the
-// response head, relaying 1xx answers. The read deadline bounds the wait by
+// response head (readResponse, into rs), relaying 1xx answers. The read deadline bounds the wait by
 // the idle read and the total.
-func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Request, total time.Time) (*http.Response, error) {
+func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Request, rs *responseSlot, total time.Time) (*http.Response, error) {
 	// The head starts empty whatever an earlier failed exchange left (its
 	// connection was closed anyway).
 	pc.head.Reset()
@@ -240,7 +254,7 @@ func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Reque
 	}
 	pc.limit = maxResponseHead
 	for {
-		resp, err := http.ReadResponse(pc.br, out)
+		resp, err := readResponse(pc.br, out, rs)
 		if err != nil {
 			if pc.limit <= 0 {
 				err = fmt.Errorf("%w (%d bytes)", errHeadTooLarge, maxResponseHead)
@@ -369,7 +383,7 @@ type directBody struct {
 	f     *forwarder
 	pc    *upConn
 	rc    io.ReadCloser
-	stop  func() bool
+	wait  *clientWait
 	total time.Time
 	keep  bool
 	done  bool
@@ -446,7 +460,7 @@ func (b *directBody) Close() error {
 
 func (b *directBody) finish(eof bool) {
 	b.done, b.eof = true, eof
-	if b.stop() && eof && b.keep && !b.pc.sawEOF {
+	if b.f.pool.gone.done(b.wait) && eof && b.keep && !b.pc.sawEOF {
 		b.f.pool.put(b.pc)
 		return
 	}

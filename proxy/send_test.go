@@ -229,7 +229,7 @@ func TestExchangesKeepTheReadDeadline(t *testing.T) {
 	f := &forwarder{limits: DefaultLimits()}
 	for i := range n {
 		out := &http.Request{Method: http.MethodGet, URL: &url.URL{Path: "/"}, Host: "up", Header: http.Header{}}
-		resp, err := f.roundTrip(nil, pc, out, time.Now().Add(f.limits.UpstreamTotal))
+		resp, err := f.roundTrip(nil, pc, out, new(responseSlot), time.Now().Add(f.limits.UpstreamTotal))
 		if err != nil || resp.StatusCode != http.StatusNoContent {
 			t.Fatalf("exchange %d: %v, %v", i, resp, err)
 		}

@@ -27,6 +27,8 @@ type upstreamPool struct {
 	idleTimeout time.Duration
 	maxIdle     int
 
+	gone goneWatch // the client-gone cancels of the exchanges in flight
+
 	mu      sync.Mutex
 	idle    []*upConn // oldest first; taken from the end
 	retired bool      // close() was called: connections are no longer kept

@@ -32,6 +32,7 @@ const maxOrphanCloses = 1024
 type session struct {
 	c            *Connector
 	ws           msgconn.Conn
+	owner        msgconn.Owner // ws, when it hands read buffers over; nil: it only lends them
 	connID       wire.ID
 	log          zerolog.Logger
 	registeredAt time.Time
@@ -59,10 +60,21 @@ type session struct {
 	// Both are the writer's, set by next.
 	heldCredit int
 	sendNow    bool
-	// frameBuf is the writer's buffer for one DATA frame, reused for every
-	// frame while there is work (see next) and back in framePool before
-	// the writer waits, so an idle registration holds none.
-	frameBuf *[]byte
+	// lastOut is the stream whose send block the writer's last DATA frame
+	// lies in, and spent the blocks no queue holds any more that frames
+	// may still be in flight from: both are settled at the writer's next
+	// turn (tidyOutLocked), once that frame's Write has returned.
+	lastOut *stream
+	spent   []*[]byte
+	// writerIdle: the writer is parked with nothing held; directBusy: a
+	// stream's Write is sending a small frame itself meanwhile (see
+	// stream.Write), so the writer writes nothing until it is done. dl is
+	// the write deadline timer of whichever of the two writes; direct is
+	// the small frame's buffer, the direct writer's.
+	writerIdle bool
+	directBusy bool
+	dl         *time.Timer
+	direct     []byte
 
 	// credit: this registration agreed to the credit extension (set
 	// before the session starts, then read-only); dialect parses frames.
@@ -112,6 +124,7 @@ func newSession(c *Connector, ws msgconn.Conn, connID wire.ID, credit bool) *ses
 
 		grantEvery: max(wire.GrantThreshold, c.cfg.StreamBufferBytes/8),
 	}
+	s.owner, _ = ws.(msgconn.Owner)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -176,7 +189,9 @@ func (s *session) endWith(o outcome, status int, reason string) {
 
 func (s *session) readLoop() {
 	// Each message is lent until the next read: control messages are
-	// decoded into new values and DATA is copied into the stream's buffer.
+	// decoded into new values; a DATA payload's buffer is taken over and
+	// queued as it is, or copied when the transport only lends it (see
+	// inQueue).
 	for {
 		// The socket's lifetime, not a context, ends this read: cancelling
 		// a read's context would cut a close handshake in progress.
@@ -408,7 +423,11 @@ func (s *session) frame(data []byte) bool {
 		return true // the front closed it; our CLOSE is on its way
 	}
 	s.mu.Unlock()
-	s.deliver(st, f.Payload)
+	var buf []byte
+	if s.owner != nil {
+		buf = s.owner.Take() // no headroom: data is buf
+	}
+	s.deliver(st, f.Payload, buf)
 	return true
 }
 
@@ -424,7 +443,11 @@ func (s *session) frame(data []byte) bool {
 // the front read, which fits the buffer, so the reader never waits here.
 // Bytes beyond the credit are kept and owed (those a broker sent before it
 // read our answer); they are counted.
-func (s *session) deliver(st *stream, payload []byte) {
+//
+// buf, when not nil, is the reader's buffer payload lies in, taken over
+// from the transport: the stream queues the payload where it is (or
+// recycles buf when it drops the payload).
+func (s *session) deliver(st *stream, payload, buf []byte) {
 	n := len(payload)
 	limit := s.c.cfg.StreamBufferBytes
 	var waitStart time.Time
@@ -440,10 +463,11 @@ func (s *session) deliver(st *stream, payload []byte) {
 		}
 		if st.closed || st.readErr != nil {
 			st.mu.Unlock()
+			recycle(buf)
 			return // closed or reset meanwhile: dropped like a late frame
 		}
 		if st.in.Len() == 0 || st.in.Len()+n <= limit {
-			st.in.Write(payload)
+			st.in.push(payload, buf)
 			st.mu.Unlock()
 			signal(st.readable)
 			return
@@ -466,6 +490,7 @@ func (s *session) deliver(st *stream, payload []byte) {
 			s.log.Info().Str("stream_id", st.id.String()).Dur("stalled", stalled).
 				Msg("reach: the front made no progress on a full stream buffer; closing that stream")
 			s.reset(st, "slow consumer")
+			recycle(buf)
 			return
 		}
 		t := time.NewTimer(s.c.cfg.SlowConsumerTimeout - stalled)
@@ -476,6 +501,7 @@ func (s *session) deliver(st *stream, payload []byte) {
 		}
 		t.Stop()
 		if isClosed(s.done) {
+			recycle(buf)
 			return
 		}
 	}
@@ -494,7 +520,7 @@ func (s *session) finishLocked(st *stream) {
 		delete(s.streams, st.id)
 	}
 	s.closed.add(st.id)
-	st.out.Reset()
+	s.dropOutLocked(st)
 	close(st.finCh)
 	s.c.completed.Add(1)
 }
@@ -509,7 +535,7 @@ func (s *session) closeLocal(st *stream, reset bool) {
 	}
 	st.closePending = true
 	if reset {
-		st.out.Reset()
+		s.dropOutLocked(st)
 	}
 	s.scheduleLocked(st)
 	s.mu.Unlock()
@@ -588,6 +614,9 @@ func (s *session) writeLoop() {
 		s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
 	})
 	dl.Stop()
+	s.mu.Lock()
+	s.dl = dl
+	s.mu.Unlock()
 	for {
 		typ, data, ok := s.next()
 		if !ok {
@@ -604,11 +633,12 @@ func (s *session) writeLoop() {
 				}
 				continue
 			}
-			s.putFrameBuf()
+			s.setWriterIdle(true)
 			select {
 			case <-s.wake:
 			case <-s.done:
 			}
+			s.setWriterIdle(false)
 			continue
 		}
 		if batch != nil && !held {
@@ -625,6 +655,51 @@ func (s *session) writeLoop() {
 				return
 			}
 		}
+	}
+}
+
+func (s *session) setWriterIdle(idle bool) {
+	s.mu.Lock()
+	s.writerIdle = idle
+	s.mu.Unlock()
+}
+
+// directWriteBytes is the largest Write a stream sends itself (see
+// stream.Write): its frame fits the library's 4 KiB write buffer, so it
+// leaves in one record and one write(2) as the writer would send it.
+const directWriteBytes = 4<<10 - wire.HeaderLen - 14 // 14: the largest WebSocket frame header
+
+// canWriteDirectLocked says whether st may send n bytes as a frame of its
+// own from the caller's goroutine: the writer is parked with nothing to
+// send (so nothing is queued ahead of them, on this stream or any other)
+// and, under credit, the window has room for them. A Write under a write
+// deadline is queued as before: the socket write is bounded by
+// WriteTimeout, not by one stream's deadline.
+func (s *session) canWriteDirectLocked(st *stream, n int) bool {
+	return n <= directWriteBytes && !st.wd.IsSet() && s.writerIdle && !s.directBusy && s.end == nil &&
+		len(s.ctrl) == 0 && len(s.grants) == 0 && len(s.orphans) == 0 && s.rr.Len() == 0 &&
+		st.out.Len() == 0 && (!st.credit || st.sendWin.Avail() >= n)
+}
+
+// writeDirect sends p as one DATA frame of st from the caller's goroutine
+// (canWriteDirectLocked held and s.directBusy was set under s.mu), within
+// WriteTimeout as any write, then lets the writer go on with what was
+// queued meanwhile. An interactive message (a request, an echo) thus
+// leaves without a hand-off to the writer goroutine and back: that was two
+// goroutine switches and a writer turn per message on the load core.
+func (s *session) writeDirect(st *stream, p []byte) {
+	if s.direct == nil {
+		s.direct = make([]byte, 0, wire.HeaderLen+directWriteBytes)
+	}
+	frame, _ := wire.AppendFrame(s.direct[:0], wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: p})
+	s.dl.Reset(s.c.cfg.WriteTimeout)
+	s.wrote(s.dl, s.ws.Write(context.Background(), msgconn.Binary, frame))
+	s.mu.Lock()
+	s.directBusy = false
+	pending := s.end != nil || len(s.ctrl) > 0 || len(s.grants) > 0 || len(s.orphans) > 0 || s.rr.Len() > 0
+	s.mu.Unlock()
+	if pending {
+		signal(s.wake)
 	}
 }
 
@@ -657,21 +732,37 @@ func (s *session) wrote(dl *time.Timer, err error) bool {
 	return true
 }
 
-// framePool holds the writer's DATA frame buffers. A frame lives only
-// until the socket's Write returns (the library has copied it into its
-// write buffer and the TLS record by then), so one buffer per busy writer
-// serves every frame: a fresh 64 KiB slice per frame was about a fifth of
-// the front's CPU on a download through the broker, in allocation and GC.
-var framePool = sync.Pool{New: func() any {
-	b := make([]byte, 0, wire.HeaderLen+wire.MaxConnectorChunk)
-	return &b
-}}
+// dropOutLocked discards st's unsent bytes. Its blocks go back to the
+// pool, or at the writer's next turn when a frame from them may be in
+// flight.
+func (s *session) dropOutLocked(st *stream) {
+	bs := st.out.take()
+	if st == s.lastOut {
+		s.spent = append(s.spent, bs...)
+		return
+	}
+	for _, b := range bs {
+		putBlock(b)
+	}
+}
 
-// putFrameBuf returns the writer's frame buffer before it waits.
-func (s *session) putFrameBuf() {
-	if s.frameBuf != nil {
-		framePool.Put(s.frameBuf)
-		s.frameBuf = nil
+// tidyOutLocked is the start of a writer's turn: the last frame's Write
+// has returned, so the blocks spent meanwhile go back to the pool, and so
+// do those of its stream once it has nothing more to send (an idle stream
+// holds no block).
+func (s *session) tidyOutLocked() {
+	for i, b := range s.spent {
+		putBlock(b)
+		s.spent[i] = nil
+	}
+	s.spent = s.spent[:0]
+	if st := s.lastOut; st != nil {
+		s.lastOut = nil
+		if st.out.Len() == 0 {
+			for _, b := range st.out.take() {
+				putBlock(b)
+			}
+		}
 	}
 }
 
@@ -680,13 +771,17 @@ func (s *session) putFrameBuf() {
 // one chunk of at most 64 KiB per stream per turn, so a bulk stream cannot
 // starve another stream's small messages. ok is false once the
 // registration ended; data is nil when there is nothing to write. A DATA
-// frame is the writer's frameBuf: valid until the next call.
+// frame lies in its stream's send block: valid until the next call.
 func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sendNow = false
+	s.tidyOutLocked()
 	if s.end != nil {
 		return 0, nil, false
+	}
+	if s.directBusy {
+		return 0, nil, true // writeDirect wakes the writer when it is done
 	}
 	if len(s.ctrl) > 0 {
 		data = s.ctrl[0]
@@ -720,7 +815,7 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 		case st.out.Len() > 0 && st.credit && st.sendWin.Avail() == 0:
 			s.rr.Remove() // waits for a WINDOW, which schedules it again
 		case st.out.Len() > 0:
-			k := min(wire.MaxConnectorChunk, st.out.Len())
+			k := st.out.chunk() // at most wire.MaxConnectorChunk
 			if st.credit {
 				k = min(k, st.sendWin.Avail())
 				st.sendWin.Take(k)
@@ -728,10 +823,11 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 					s.sendNow, s.heldCredit = true, 0
 				}
 			}
-			if s.frameBuf == nil {
-				s.frameBuf = framePool.Get().(*[]byte)
+			frame, spent := st.out.frame(st.id, k)
+			if spent != nil {
+				s.spent = append(s.spent, spent)
 			}
-			frame, _ := wire.AppendFrame((*s.frameBuf)[:0], wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: st.out.Next(k)})
+			s.lastOut = st
 			signal(st.outSpace)
 			if st.out.Len() == 0 && !st.closePending {
 				s.rr.Remove()

@@ -1,7 +1,6 @@
 package connector
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -36,7 +35,7 @@ type stream struct {
 	id wire.ID
 
 	mu       sync.Mutex
-	in       bytes.Buffer
+	in       inQueue
 	readErr  error // no more inbound bytes will come: io.EOF or errStreamReset
 	closed   bool  // the front called Close
 	readable chan struct{}
@@ -52,7 +51,7 @@ type stream struct {
 	rd, wd    *msgconn.Deadline
 
 	// Guarded by s.mu.
-	out          bytes.Buffer
+	out          outQueue
 	outSpace     chan struct{}
 	msgconn.Turn      // queued in s.rr
 	closePending bool // send CLOSE once out is drained
@@ -96,7 +95,7 @@ func (st *stream) Read(p []byte) (int, error) {
 			return 0, net.ErrClosed
 		}
 		if st.in.Len() > 0 {
-			n, _ := st.in.Read(p)
+			n := st.in.read(p)
 			more := st.in.Len() > 0
 			st.progress.Store(time.Now().UnixNano())
 			var grant uint32
@@ -160,9 +159,18 @@ func (st *stream) Write(p []byte) (int, error) {
 			s.mu.Unlock()
 			return n, nil
 		}
+		if s.canWriteDirectLocked(st, len(p)) {
+			s.directBusy = true
+			if st.credit {
+				st.sendWin.Take(len(p))
+			}
+			s.mu.Unlock()
+			s.writeDirect(st, p)
+			return n + len(p), nil
+		}
 		if room := s.c.cfg.StreamSendBytes - st.out.Len(); room > 0 {
 			k := min(room, len(p))
-			st.out.Write(p[:k])
+			st.out.write(p[:k])
 			p, n = p[k:], n+k
 			s.scheduleLocked(st)
 			s.mu.Unlock()
@@ -192,7 +200,7 @@ func (st *stream) Close() error {
 	}
 	st.mu.Lock()
 	st.closed = true
-	st.in.Reset()
+	st.in.reset()
 	st.mu.Unlock()
 	signal(st.space)
 	st.s.closeLocal(st, false)
@@ -218,7 +226,7 @@ func (st *stream) endInbound(err error) {
 		st.readErr = err
 	}
 	if err == errStreamReset {
-		st.in.Reset()
+		st.in.reset()
 	}
 	st.mu.Unlock()
 	signal(st.readable)

@@ -672,11 +672,9 @@ const directWriteBytes = 4<<10 - wire.HeaderLen - 14 // 14: the largest WebSocke
 // canWriteDirectLocked says whether st may send n bytes as a frame of its
 // own from the caller's goroutine: the writer is parked with nothing to
 // send (so nothing is queued ahead of them, on this stream or any other)
-// and, under credit, the window has room for them. A Write under a write
-// deadline is queued as before: the socket write is bounded by
-// WriteTimeout, not by one stream's deadline.
+// and, under credit, the window has room for them.
 func (s *session) canWriteDirectLocked(st *stream, n int) bool {
-	return n <= directWriteBytes && !st.wd.IsSet() && s.writerIdle && !s.directBusy && s.end == nil &&
+	return n <= directWriteBytes && s.writerIdle && !s.directBusy && s.end == nil &&
 		len(s.ctrl) == 0 && len(s.grants) == 0 && len(s.orphans) == 0 && s.rr.Len() == 0 &&
 		st.out.Len() == 0 && (!st.credit || st.sendWin.Avail() >= n)
 }

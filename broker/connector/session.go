@@ -66,15 +66,6 @@ type session struct {
 	// turn (tidyOutLocked), once that frame's Write has returned.
 	lastOut *stream
 	spent   []*[]byte
-	// writerIdle: the writer is parked with nothing held; directBusy: a
-	// stream's Write is sending a small frame itself meanwhile (see
-	// stream.Write), so the writer writes nothing until it is done. dl is
-	// the write deadline timer of whichever of the two writes; direct is
-	// the small frame's buffer, the direct writer's.
-	writerIdle bool
-	directBusy bool
-	dl         *time.Timer
-	direct     []byte
 
 	// credit: this registration agreed to the credit extension (set
 	// before the session starts, then read-only); dialect parses frames.
@@ -614,9 +605,6 @@ func (s *session) writeLoop() {
 		s.fail(codeWriteTimeout, "a write to the broker missed its deadline", 0, "")
 	})
 	dl.Stop()
-	s.mu.Lock()
-	s.dl = dl
-	s.mu.Unlock()
 	for {
 		typ, data, ok := s.next()
 		if !ok {
@@ -633,12 +621,10 @@ func (s *session) writeLoop() {
 				}
 				continue
 			}
-			s.setWriterIdle(true)
 			select {
 			case <-s.wake:
 			case <-s.done:
 			}
-			s.setWriterIdle(false)
 			continue
 		}
 		if batch != nil && !held {
@@ -655,49 +641,6 @@ func (s *session) writeLoop() {
 				return
 			}
 		}
-	}
-}
-
-func (s *session) setWriterIdle(idle bool) {
-	s.mu.Lock()
-	s.writerIdle = idle
-	s.mu.Unlock()
-}
-
-// directWriteBytes is the largest Write a stream sends itself (see
-// stream.Write): its frame fits the library's 4 KiB write buffer, so it
-// leaves in one record and one write(2) as the writer would send it.
-const directWriteBytes = 4<<10 - wire.HeaderLen - 14 // 14: the largest WebSocket frame header
-
-// canWriteDirectLocked says whether st may send n bytes as a frame of its
-// own from the caller's goroutine: the writer is parked with nothing to
-// send (so nothing is queued ahead of them, on this stream or any other)
-// and, under credit, the window has room for them.
-func (s *session) canWriteDirectLocked(st *stream, n int) bool {
-	return n <= directWriteBytes && s.writerIdle && !s.directBusy && s.end == nil &&
-		len(s.ctrl) == 0 && len(s.grants) == 0 && len(s.orphans) == 0 && s.rr.Len() == 0 &&
-		st.out.Len() == 0 && (!st.credit || st.sendWin.Avail() >= n)
-}
-
-// writeDirect sends p as one DATA frame of st from the caller's goroutine
-// (canWriteDirectLocked held and s.directBusy was set under s.mu), within
-// WriteTimeout as any write, then lets the writer go on with what was
-// queued meanwhile. An interactive message (a request, an echo) thus
-// leaves without a hand-off to the writer goroutine and back: that was two
-// goroutine switches and a writer turn per message on the load core.
-func (s *session) writeDirect(st *stream, p []byte) {
-	if s.direct == nil {
-		s.direct = make([]byte, 0, wire.HeaderLen+directWriteBytes)
-	}
-	frame, _ := wire.AppendFrame(s.direct[:0], wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: p})
-	s.dl.Reset(s.c.cfg.WriteTimeout)
-	s.wrote(s.dl, s.ws.Write(context.Background(), msgconn.Binary, frame))
-	s.mu.Lock()
-	s.directBusy = false
-	pending := s.end != nil || len(s.ctrl) > 0 || len(s.grants) > 0 || len(s.orphans) > 0 || s.rr.Len() > 0
-	s.mu.Unlock()
-	if pending {
-		signal(s.wake)
 	}
 }
 
@@ -777,9 +720,6 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 	s.tidyOutLocked()
 	if s.end != nil {
 		return 0, nil, false
-	}
-	if s.directBusy {
-		return 0, nil, true // writeDirect wakes the writer when it is done
 	}
 	if len(s.ctrl) > 0 {
 		data = s.ctrl[0]

@@ -159,15 +159,6 @@ func (st *stream) Write(p []byte) (int, error) {
 			s.mu.Unlock()
 			return n, nil
 		}
-		if s.canWriteDirectLocked(st, len(p)) {
-			s.directBusy = true
-			if st.credit {
-				st.sendWin.Take(len(p))
-			}
-			s.mu.Unlock()
-			s.writeDirect(st, p)
-			return n + len(p), nil
-		}
 		if room := s.c.cfg.StreamSendBytes - st.out.Len(); room > 0 {
 			k := min(room, len(p))
 			st.out.write(p[:k])

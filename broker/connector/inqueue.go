@@ -12,7 +12,9 @@ import "github.com/hermes-securelink/securelink/broker/msgconn"
 // CPU on an upload through the broker. A taken buffer is at most twice
 // its payload (msgconn.Reader.Take), so the stream's bound on queued
 // bytes (StreamBufferBytes, counted in payload bytes as the credit is)
-// holds at most twice that in memory.
+// holds at most twice that in taken buffers; copied payloads live in copy
+// buffers each sized from the bytes queued when it was made, so those
+// still referred to by unread chunks hold a small multiple of it too.
 type inQueue struct {
 	chunks []inChunk
 	n      int    // bytes queued
@@ -44,8 +46,12 @@ func (q *inQueue) push(payload, buf []byte) {
 	if buf == nil {
 		if len(q.cp)+len(payload) > cap(q.cp) {
 			// Earlier chunks keep referring to the old buffer, which is
-			// never written again.
-			q.cp = make([]byte, 0, max(2*cap(q.cp), len(payload), 4<<10))
+			// never written again. The new one is sized from the bytes
+			// queued, not from the old buffer: a queue that is never
+			// quite empty (a front reading a little slower than a
+			// stream of small payloads arrives) would otherwise double
+			// it for every buffer's worth carried, without bound.
+			q.cp = make([]byte, 0, max(2*(q.n+len(payload)), 4<<10))
 		}
 		start := len(q.cp)
 		q.cp = append(q.cp, payload...)

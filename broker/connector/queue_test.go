@@ -100,3 +100,24 @@ func TestSendFrameStaysIntactUntilNextTurn(t *testing.T) {
 		t.Fatalf("a drained stream holds %d blocks", len(b.out.blocks))
 	}
 }
+
+// A queue that is never quite empty — small lent payloads arriving while
+// the front reads a little behind — keeps its copy buffer sized by what is
+// queued, however many bytes the stream carries.
+func TestInQueueCopyBufferFollowsWhatIsQueued(t *testing.T) {
+	var q inQueue
+	payload := bytes.Repeat([]byte{'p'}, 8<<10) // lent: copied on arrival
+	buf := make([]byte, 32<<10)
+	const queued, carried = 256 << 10, 64 << 20
+	peak := 0
+	for sent := 0; sent < carried; sent += len(payload) {
+		q.push(payload, nil)
+		for q.Len() > queued {
+			q.read(buf)
+		}
+		peak = max(peak, cap(q.cp))
+	}
+	if limit := 4 * (queued + len(payload)); peak > limit {
+		t.Fatalf("copy buffer grew to %d bytes for at most %d queued; want at most %d", peak, queued+len(payload), limit)
+	}
+}

@@ -142,6 +142,11 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		f.fail(w, r, errors.New("upstream switched protocols unasked"))
 		return
 	}
+	if resp.StatusCode < 100 {
+		b.Close()
+		f.fail(w, r, errBadStatus)
+		return
+	}
 	policy.StripHopByHop(resp.Header) // as ReverseProxy does on the other path
 	f.responseHead(resp)
 	if resp.ContentLength > l.MaxResponseBody {

@@ -466,3 +466,36 @@ func TestDirectPathBulkBodyArrivesIntact(t *testing.T) {
 		}
 	}
 }
+
+// An upstream status below 100 (http.ReadResponse takes any three digits)
+// is a failure on both paths: 502, the front's connection to the client
+// kept, and the upstream's connection not reused.
+func TestUpstreamStatusBelow100IsABadGateway(t *testing.T) {
+	onBothPaths(t, func(t *testing.T, path option) {
+		up := newRawUpstream(t, func(req *http.Request, conn, n int, w *bufio.Writer) bool {
+			if req.URL.Path == "/odd" {
+				w.WriteString("HTTP/1.1 042 Odd\r\nContent-Length: 2\r\n\r\nok")
+				return true
+			}
+			w.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return true
+		})
+		h := newHarness(t, path, withOptions(func(o *Options) { o.Upstreams.API = up.url }))
+		c := h.client()
+		for _, p := range []string{"/odd", "/after"} {
+			resp, err := c.Get(h.url("/api" + p))
+			if err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			resp.Body.Close()
+			want := http.StatusBadGateway
+			if p == "/after" {
+				want = http.StatusOK
+			}
+			wantStatus(t, p, resp, want)
+		}
+		if r := up.requests(); len(r) != 2 || r[0].conn == r[1].conn {
+			t.Fatalf("upstream saw %d requests; the one after a status below 100 must take a new connection: %+v", len(r), r)
+		}
+	})
+}

@@ -54,6 +54,12 @@ type exchangeKey struct{}
 
 var errResponseTooLarge = errors.New("upstream response larger than the limit")
 
+// errBadStatus: http.ReadResponse takes any three digits as a status, but
+// an answer below 100 cannot be relayed (net/http's WriteHeader panics on
+// it, which cut the client's connection and left the upstream's open on
+// the direct path); both paths answer 502 instead.
+var errBadStatus = errors.New("upstream answered a status below 100")
+
 // bufferPool holds the 32 KiB copy buffers of both paths.
 var bufferPool = &byteBufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
 
@@ -192,6 +198,9 @@ func (f *forwarder) modifyResponse(resp *http.Response) error {
 	ex := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	f.s.metrics.UpstreamLatency(f.ns.String(), time.Since(ex.start))
 	f.responseHead(resp)
+	if resp.StatusCode < 100 {
+		return errBadStatus
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The body is the upgraded connection; no totals apply.
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {

@@ -25,6 +25,14 @@ func TestGoneWatchArmsSlowExchanges(t *testing.T) {
 	qctx, qcancel := context.WithCancel(context.Background())
 	var qw clientWait
 	g.add(&qw, qctx, quick)
+	// Not armed at once: at least two ticks pass first (one to list it
+	// before a tick, the next to arm it).
+	g.mu.Lock()
+	armedEarly := qw.stop != nil && g.gen < qw.gen+2
+	g.mu.Unlock()
+	if armedEarly {
+		t.Fatal("an exchange was armed before it had lasted a tick")
+	}
 	if !g.done(&qw) {
 		t.Fatal("an exchange that ended at once reports a cancel")
 	}

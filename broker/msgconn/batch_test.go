@@ -376,6 +376,10 @@ func TestBatchConnBusySocketWaitsOnThePoller(t *testing.T) {
 	if !rawsock.Enabled {
 		t.Skip("no raw socket path on this system")
 	}
+	// Long enough that a descheduled read on a loaded machine still
+	// counts as quick, short enough for the "goes quiet" step below.
+	defer func(d time.Duration) { quietAfter = d }(quietAfter)
+	quietAfter = 200 * time.Millisecond
 	a, b := tcpPair(t)
 	w := &waitWatch{TCPConn: b.(*net.TCPConn), waiting: make(chan struct{}, 1)}
 	bc := NewBatchConn(w)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"reflect"
@@ -23,16 +24,48 @@ type readResult struct {
 }
 
 func readWith(data []byte, method string, own bool, chunk int) readResult {
+	return readAfter(nil, data, method, own, chunk)
+}
+
+// readAfter is readWith on data behind a first answer, prev, read to its
+// end on the same reader (and, for readResponse, the same slot, as one
+// pooled exchange serves one answer after another): what the first left in
+// the slot must not show in the second, nor the second change the values
+// already handed on from the first.
+func readAfter(prev, data []byte, method string, own bool, chunk int) (r readResult) {
+	if prev != nil {
+		data = append(bytes.Clone(prev), data...)
+	}
 	var src io.Reader = bytes.NewReader(data)
 	if chunk > 0 {
 		src = &chunkReader{data: data, n: chunk}
 	}
 	br := bufio.NewReaderSize(src, 4<<10)
 	req := &http.Request{Method: method}
-	var (
-		r  readResult
-		rs responseSlot
-	)
+	var rs responseSlot
+	if prev != nil {
+		get := &http.Request{Method: http.MethodGet}
+		var first *http.Response
+		var err error
+		if own {
+			first, err = readResponse(br, get, &rs)
+		} else {
+			first, err = http.ReadResponse(br, get)
+		}
+		if err != nil {
+			panic("the first answer failed: " + err.Error())
+		}
+		if _, err := io.Copy(io.Discard, first.Body); err != nil {
+			panic(err)
+		}
+		if handed := first.Header["X-Prev"]; own {
+			defer func() {
+				if len(handed) != 1 || handed[0] != "first" {
+					r.err = errors.New("the second answer changed the first's header values")
+				}
+			}()
+		}
+	}
 	if own {
 		r.resp, r.err = readResponse(br, req, &rs)
 		r.taken = r.resp == &rs.resp
@@ -46,6 +79,9 @@ func readWith(data []byte, method string, own bool, chunk int) readResult {
 	r.rest, _ = io.ReadAll(br)
 	return r
 }
+
+// prevAnswer is the answer readAfter reads first.
+var prevAnswer = []byte("HTTP/1.1 200 OK\r\nX-Prev: first\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n\r\nz")
 
 // chunkReader hands out data at most n bytes per Read, as a socket may.
 type chunkReader struct {
@@ -153,6 +189,15 @@ func FuzzReadResponse(f *testing.F) {
 			method = http.MethodHead
 		}
 		compareRead(t, data, method, 0)
+		// Behind another answer, on one reader and one slot.
+		got, want := readAfter(prevAnswer, data, method, true, 0), readAfter(prevAnswer, data, method, false, 0)
+		if errString(got.err) != errString(want.err) {
+			t.Fatalf("%q after an answer: error %v, ReadResponse %v", data, got.err, want.err)
+		}
+		if got.err == nil && (got.resp.StatusCode != want.resp.StatusCode || !reflect.DeepEqual(got.resp.Header, want.resp.Header) ||
+			got.resp.ContentLength != want.resp.ContentLength || !bytes.Equal(got.body, want.body) || !bytes.Equal(got.rest, want.rest)) {
+			t.Fatalf("%q after an answer:\n got %+v %q\nwant %+v %q", data, got.resp, got.body, want.resp, want.body)
+		}
 		// The same bytes arriving in pieces (the last input byte sets
 		// their size): a head split across reads is ReadResponse's.
 		if len(data) > 0 {

@@ -28,7 +28,7 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	st, err := Open(ctx, Options{
 		InstanceID: "b0", URLs: []string{"nats://" + delayProxy(t, nc.url(0)[len("nats://"):], delay)},
-		BucketPrefix: "reach", Replicas: 3, Timeout: 2 * time.Second,
+		BucketPrefix: "reach", Replicas: 3, Timeout: rigEngineTimeout,
 	})
 	cancel()
 	if err != nil {

@@ -79,9 +79,28 @@ func newRigURLs(t *testing.T, ownerTTL time.Duration, urls func(all []string, i 
 	return newRigWith(t, ownerTTL, urls, nil)
 }
 
+// rigEngineTimeout is the engine_timeout of the tests that are not about
+// the engine's timeouts. Under -race, with other work on both cores (CI at
+// load 5), one operation of the in-process three-node engine took up to
+// 1.7 s, and a match's engine work after the matching order (the replay
+// shares' compare-and-set, a bootstrap's use) shares one timeout: at 2 s a
+// bootstrap race answered `unavailable`. A test that waits for it to run
+// out (the engine unreachable) waits this long.
+const rigEngineTimeout = 5 * time.Second
+
+// outageEngineTimeout is the engine_timeout of the tests about an outage's
+// timing (the product's default).
+const outageEngineTimeout = 2 * time.Second
+
 // newRigWith is newRigURLs with every broker's configuration changed by
 // mutate (nil: none) after the rig's own settings.
 func newRigWith(t *testing.T, ownerTTL time.Duration, urls func(all []string, i int) []string, mutate func(*server.Config)) *rig {
+	t.Helper()
+	return newRigTimeout(t, ownerTTL, rigEngineTimeout, urls, mutate)
+}
+
+// newRigTimeout is newRigWith with the instances' engine_timeout.
+func newRigTimeout(t *testing.T, ownerTTL, engineTimeout time.Duration, urls func(all []string, i int) []string, mutate func(*server.Config)) *rig {
 	t.Helper()
 	hostsFile := filepath.Join(t.TempDir(), "hosts.json")
 	r := newEngineRig(t, hostsFile)
@@ -92,7 +111,7 @@ func newRigWith(t *testing.T, ownerTTL time.Duration, urls func(all []string, i 
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		st, err := Open(ctx, Options{
 			InstanceID: fmt.Sprintf("b%d", i), URLs: urls(r.nats.urls(), i), BucketPrefix: "reach",
-			Replicas: 3, Timeout: 2 * time.Second,
+			Replicas: 3, Timeout: engineTimeout,
 		})
 		cancel()
 		if err != nil {
@@ -473,14 +492,17 @@ func TestClusterRules(t *testing.T) {
 	}
 
 	// The engine unreachable: a match and a publish answer `unavailable`,
-	// never a silent accept.
+	// never a silent accept (both sent at once: each waits out the
+	// engine timeout).
 	r.nats.stop(1)
 	r.nats.stop(2)
-	if _, m := r.client(0, wire.KindRoute, route, wire.NewID()); code(m) != wire.CodeUnavailable {
-		t.Fatalf("match without the engine: %#v, want unavailable", m)
-	}
+	c := r.dial(0)
+	c.sendMsg(wire.Register{Role: wire.RoleClient, HostID: r.hostID, ConnectionID: wire.NewID(), CredentialKind: wire.KindRoute, Token: route})
 	hA.sendMsg(wire.PublishRoute{CredentialID: "dev3", TokenSHA256: wire.TokenDigest("x"),
 		ExpiresAt: time.Now().Add(time.Hour).Unix(), DeviceIDHash: wire.TokenDigest("device")})
+	if m := c.msg(); code(m) != wire.CodeUnavailable {
+		t.Fatalf("match without the engine: %#v, want unavailable", m)
+	}
 	if m := hA.reply(); code(m) != wire.CodeUnavailable {
 		t.Fatalf("publish without the engine: %#v, want unavailable", m)
 	}
@@ -704,12 +726,12 @@ func TestClusterForwarding(t *testing.T) {
 // both survivors with the credential it published on the first.
 func TestClusterOwnerCutOffFromEngine(t *testing.T) {
 	ttl := 3 * time.Second
-	r := newRigURLs(t, ttl, func(all []string, i int) []string {
+	r := newRigTimeout(t, ttl, outageEngineTimeout, func(all []string, i int) []string {
 		if i == 0 {
 			return all[:1] // A knows node 0 only
 		}
 		return all[1:]
-	})
+	}, nil)
 	route := wire.Secret("route-" + testenv.RandomSecret(""))
 	hA := r.hostOn(0)
 	r.publishRoute(hA, "dev1", route)

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -206,17 +207,29 @@ func (o *Owners) renew(ctx context.Context) {
 // between rounds, and a lease renewed late expires.
 const renewParallel = 32
 
+// renewOnce renews the held leases oldest first: when a round takes
+// longer than OwnerTTL/3 (many hosts, a slow or busy engine) the next one
+// starts as soon as it ends, and each lease is then renewed a round's
+// length after its last renewal. In any other order a lease renewed early
+// in one round and late in the next waits almost two rounds, and one
+// renewed late expires under its host once a round takes OwnerTTL/2.
 func (o *Owners) renewOnce(ctx context.Context) {
+	type heldLease struct {
+		host wire.ID
+		lease
+	}
 	o.mu.Lock()
-	held := make(map[wire.ID]lease, len(o.held))
+	held := make([]heldLease, 0, len(o.held))
 	for h, l := range o.held {
-		held[h] = l
+		held = append(held, heldLease{h, l})
 	}
 	o.mu.Unlock()
+	slices.SortFunc(held, func(a, b heldLease) int { return a.since.Compare(b.since) })
 	var engineOut atomic.Bool
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, renewParallel)
-	for h, l := range held {
+	for _, hl := range held {
+		h, l := hl.host, hl.lease
 		if l.writing {
 			continue
 		}

@@ -261,9 +261,9 @@ func TestSchedulerAlternatesStreams(t *testing.T) {
 	s := newSession(c, nil, wire.NewID(), false)
 	a, b := newStream(s, wire.NewID()), newStream(s, wire.NewID())
 	s.streams[a.id], s.streams[b.id] = a, b
-	a.out.write(bytes.Repeat([]byte{'a'}, 3*wire.MaxConnectorChunk))
+	a.out.Write(bytes.Repeat([]byte{'a'}, 3*wire.MaxConnectorChunk))
 	s.scheduleLocked(a)
-	b.out.write([]byte("b1"))
+	b.out.Write([]byte("b1"))
 	s.scheduleLocked(b)
 	var order []string
 	for {
@@ -288,7 +288,7 @@ func TestSchedulerAlternatesStreams(t *testing.T) {
 		order = append(order, name)
 		if len(order) == 2 {
 			// b gets more while a is still sending: it must come next-but-one.
-			b.out.write([]byte("b2"))
+			b.out.Write([]byte("b2"))
 			s.scheduleLocked(b)
 		}
 	}

@@ -32,7 +32,6 @@ const maxOrphanCloses = 1024
 type session struct {
 	c            *Connector
 	ws           msgconn.Conn
-	owner        msgconn.Owner // ws, when it hands read buffers over; nil: it only lends them
 	connID       wire.ID
 	log          zerolog.Logger
 	registeredAt time.Time
@@ -60,12 +59,10 @@ type session struct {
 	// Both are the writer's, set by next.
 	heldCredit int
 	sendNow    bool
-	// lastOut is the stream whose send block the writer's last DATA frame
-	// lies in, and spent the blocks no queue holds any more that frames
-	// may still be in flight from: both are settled at the writer's next
-	// turn (tidyOutLocked), once that frame's Write has returned.
-	lastOut *stream
-	spent   []*[]byte
+	// frameBuf is the writer's buffer for one DATA frame, reused for every
+	// frame while there is work (see next) and back in framePool before
+	// the writer waits, so an idle registration holds none.
+	frameBuf *[]byte
 
 	// credit: this registration agreed to the credit extension (set
 	// before the session starts, then read-only); dialect parses frames.
@@ -115,7 +112,6 @@ func newSession(c *Connector, ws msgconn.Conn, connID wire.ID, credit bool) *ses
 
 		grantEvery: max(wire.GrantThreshold, c.cfg.StreamBufferBytes/8),
 	}
-	s.owner, _ = ws.(msgconn.Owner)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -180,9 +176,7 @@ func (s *session) endWith(o outcome, status int, reason string) {
 
 func (s *session) readLoop() {
 	// Each message is lent until the next read: control messages are
-	// decoded into new values; a DATA payload's buffer is taken over and
-	// queued as it is, or copied when the transport only lends it (see
-	// inQueue).
+	// decoded into new values and DATA is copied into the stream's buffer.
 	for {
 		// The socket's lifetime, not a context, ends this read: cancelling
 		// a read's context would cut a close handshake in progress.
@@ -414,11 +408,7 @@ func (s *session) frame(data []byte) bool {
 		return true // the front closed it; our CLOSE is on its way
 	}
 	s.mu.Unlock()
-	var buf []byte
-	if s.owner != nil {
-		buf = s.owner.Take() // no headroom: data is buf
-	}
-	s.deliver(st, f.Payload, buf)
+	s.deliver(st, f.Payload)
 	return true
 }
 
@@ -434,11 +424,7 @@ func (s *session) frame(data []byte) bool {
 // the front read, which fits the buffer, so the reader never waits here.
 // Bytes beyond the credit are kept and owed (those a broker sent before it
 // read our answer); they are counted.
-//
-// buf, when not nil, is the reader's buffer payload lies in, taken over
-// from the transport: the stream queues the payload where it is (or
-// recycles buf when it drops the payload).
-func (s *session) deliver(st *stream, payload, buf []byte) {
+func (s *session) deliver(st *stream, payload []byte) {
 	n := len(payload)
 	limit := s.c.cfg.StreamBufferBytes
 	var waitStart time.Time
@@ -454,11 +440,10 @@ func (s *session) deliver(st *stream, payload, buf []byte) {
 		}
 		if st.closed || st.readErr != nil {
 			st.mu.Unlock()
-			recycle(buf)
 			return // closed or reset meanwhile: dropped like a late frame
 		}
 		if st.in.Len() == 0 || st.in.Len()+n <= limit {
-			st.in.push(payload, buf)
+			st.in.Write(payload)
 			st.mu.Unlock()
 			signal(st.readable)
 			return
@@ -481,7 +466,6 @@ func (s *session) deliver(st *stream, payload, buf []byte) {
 			s.log.Info().Str("stream_id", st.id.String()).Dur("stalled", stalled).
 				Msg("reach: the front made no progress on a full stream buffer; closing that stream")
 			s.reset(st, "slow consumer")
-			recycle(buf)
 			return
 		}
 		t := time.NewTimer(s.c.cfg.SlowConsumerTimeout - stalled)
@@ -492,7 +476,6 @@ func (s *session) deliver(st *stream, payload, buf []byte) {
 		}
 		t.Stop()
 		if isClosed(s.done) {
-			recycle(buf)
 			return
 		}
 	}
@@ -511,7 +494,7 @@ func (s *session) finishLocked(st *stream) {
 		delete(s.streams, st.id)
 	}
 	s.closed.add(st.id)
-	s.dropOutLocked(st)
+	st.out.Reset()
 	close(st.finCh)
 	s.c.completed.Add(1)
 }
@@ -526,7 +509,7 @@ func (s *session) closeLocal(st *stream, reset bool) {
 	}
 	st.closePending = true
 	if reset {
-		s.dropOutLocked(st)
+		st.out.Reset()
 	}
 	s.scheduleLocked(st)
 	s.mu.Unlock()
@@ -621,6 +604,7 @@ func (s *session) writeLoop() {
 				}
 				continue
 			}
+			s.putFrameBuf()
 			select {
 			case <-s.wake:
 			case <-s.done:
@@ -673,37 +657,21 @@ func (s *session) wrote(dl *time.Timer, err error) bool {
 	return true
 }
 
-// dropOutLocked discards st's unsent bytes. Its blocks go back to the
-// pool, or at the writer's next turn when a frame from them may be in
-// flight.
-func (s *session) dropOutLocked(st *stream) {
-	bs := st.out.take()
-	if st == s.lastOut {
-		s.spent = append(s.spent, bs...)
-		return
-	}
-	for _, b := range bs {
-		putBlock(b)
-	}
-}
+// framePool holds the writer's DATA frame buffers. A frame lives only
+// until the socket's Write returns (the library has copied it into its
+// write buffer and the TLS record by then), so one buffer per busy writer
+// serves every frame: a fresh 64 KiB slice per frame was about a fifth of
+// the front's CPU on a download through the broker, in allocation and GC.
+var framePool = sync.Pool{New: func() any {
+	b := make([]byte, 0, wire.HeaderLen+wire.MaxConnectorChunk)
+	return &b
+}}
 
-// tidyOutLocked is the start of a writer's turn: the last frame's Write
-// has returned, so the blocks spent meanwhile go back to the pool, and so
-// do those of its stream once it has nothing more to send (an idle stream
-// holds no block).
-func (s *session) tidyOutLocked() {
-	for i, b := range s.spent {
-		putBlock(b)
-		s.spent[i] = nil
-	}
-	s.spent = s.spent[:0]
-	if st := s.lastOut; st != nil {
-		s.lastOut = nil
-		if st.out.Len() == 0 {
-			for _, b := range st.out.take() {
-				putBlock(b)
-			}
-		}
+// putFrameBuf returns the writer's frame buffer before it waits.
+func (s *session) putFrameBuf() {
+	if s.frameBuf != nil {
+		framePool.Put(s.frameBuf)
+		s.frameBuf = nil
 	}
 }
 
@@ -712,12 +680,11 @@ func (s *session) tidyOutLocked() {
 // one chunk of at most 64 KiB per stream per turn, so a bulk stream cannot
 // starve another stream's small messages. ok is false once the
 // registration ended; data is nil when there is nothing to write. A DATA
-// frame lies in its stream's send block: valid until the next call.
+// frame is the writer's frameBuf: valid until the next call.
 func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sendNow = false
-	s.tidyOutLocked()
 	if s.end != nil {
 		return 0, nil, false
 	}
@@ -753,7 +720,7 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 		case st.out.Len() > 0 && st.credit && st.sendWin.Avail() == 0:
 			s.rr.Remove() // waits for a WINDOW, which schedules it again
 		case st.out.Len() > 0:
-			k := st.out.chunk() // at most wire.MaxConnectorChunk
+			k := min(wire.MaxConnectorChunk, st.out.Len())
 			if st.credit {
 				k = min(k, st.sendWin.Avail())
 				st.sendWin.Take(k)
@@ -761,11 +728,10 @@ func (s *session) next() (typ msgconn.MessageType, data []byte, ok bool) {
 					s.sendNow, s.heldCredit = true, 0
 				}
 			}
-			frame, spent := st.out.frame(st.id, k)
-			if spent != nil {
-				s.spent = append(s.spent, spent)
+			if s.frameBuf == nil {
+				s.frameBuf = framePool.Get().(*[]byte)
 			}
-			s.lastOut = st
+			frame, _ := wire.AppendFrame((*s.frameBuf)[:0], wire.Frame{Flags: wire.FlagData, StreamID: st.id, Payload: st.out.Next(k)})
 			signal(st.outSpace)
 			if st.out.Len() == 0 && !st.closePending {
 				s.rr.Remove()

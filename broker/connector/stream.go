@@ -1,6 +1,7 @@
 package connector
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -35,7 +36,7 @@ type stream struct {
 	id wire.ID
 
 	mu       sync.Mutex
-	in       inQueue
+	in       bytes.Buffer
 	readErr  error // no more inbound bytes will come: io.EOF or errStreamReset
 	closed   bool  // the front called Close
 	readable chan struct{}
@@ -51,7 +52,7 @@ type stream struct {
 	rd, wd    *msgconn.Deadline
 
 	// Guarded by s.mu.
-	out          outQueue
+	out          bytes.Buffer
 	outSpace     chan struct{}
 	msgconn.Turn      // queued in s.rr
 	closePending bool // send CLOSE once out is drained
@@ -95,7 +96,7 @@ func (st *stream) Read(p []byte) (int, error) {
 			return 0, net.ErrClosed
 		}
 		if st.in.Len() > 0 {
-			n := st.in.read(p)
+			n, _ := st.in.Read(p)
 			more := st.in.Len() > 0
 			st.progress.Store(time.Now().UnixNano())
 			var grant uint32
@@ -161,7 +162,7 @@ func (st *stream) Write(p []byte) (int, error) {
 		}
 		if room := s.c.cfg.StreamSendBytes - st.out.Len(); room > 0 {
 			k := min(room, len(p))
-			st.out.write(p[:k])
+			st.out.Write(p[:k])
 			p, n = p[k:], n+k
 			s.scheduleLocked(st)
 			s.mu.Unlock()
@@ -191,7 +192,7 @@ func (st *stream) Close() error {
 	}
 	st.mu.Lock()
 	st.closed = true
-	st.in.reset()
+	st.in.Reset()
 	st.mu.Unlock()
 	signal(st.space)
 	st.s.closeLocal(st, false)
@@ -217,7 +218,7 @@ func (st *stream) endInbound(err error) {
 		st.readErr = err
 	}
 	if err == errStreamReset {
-		st.in.reset()
+		st.in.Reset()
 	}
 	st.mu.Unlock()
 	signal(st.readable)

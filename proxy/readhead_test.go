@@ -44,14 +44,7 @@ func readAfter(prev, data []byte, method string, own bool, chunk int) (r readRes
 	req := &http.Request{Method: method}
 	var rs responseSlot
 	if prev != nil {
-		get := &http.Request{Method: http.MethodGet}
-		var first *http.Response
-		var err error
-		if own {
-			first, err = readResponse(br, get, &rs)
-		} else {
-			first, err = http.ReadResponse(br, get)
-		}
+		first, err := readOne(br, &http.Request{Method: http.MethodGet}, &rs, own)
 		if err != nil {
 			panic("the first answer failed: " + err.Error())
 		}
@@ -66,12 +59,8 @@ func readAfter(prev, data []byte, method string, own bool, chunk int) (r readRes
 			}()
 		}
 	}
-	if own {
-		r.resp, r.err = readResponse(br, req, &rs)
-		r.taken = r.resp == &rs.resp
-	} else {
-		r.resp, r.err = http.ReadResponse(br, req)
-	}
+	r.resp, r.err = readOne(br, req, &rs, own)
+	r.taken = own && r.resp == &rs.resp
 	if r.err != nil {
 		return r
 	}
@@ -82,6 +71,15 @@ func readAfter(prev, data []byte, method string, own bool, chunk int) (r readRes
 
 // prevAnswer is the answer readAfter reads first.
 var prevAnswer = []byte("HTTP/1.1 200 OK\r\nX-Prev: first\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n\r\nz")
+
+// readOne reads one answer with readResponse into rs (own) or with
+// http.ReadResponse.
+func readOne(br *bufio.Reader, req *http.Request, rs *responseSlot, own bool) (*http.Response, error) {
+	if own {
+		return readResponse(br, req, rs)
+	}
+	return http.ReadResponse(br, req)
+}
 
 // chunkReader hands out data at most n bytes per Read, as a socket may.
 type chunkReader struct {
@@ -280,13 +278,7 @@ func BenchmarkReadResponse(b *testing.B) {
 			for b.Loop() {
 				src.Reset(answer)
 				br.Reset(src)
-				var resp *http.Response
-				var err error
-				if own {
-					resp, err = readResponse(br, req, &rs)
-				} else {
-					resp, err = http.ReadResponse(br, req)
-				}
+				resp, err := readOne(br, req, &rs, own)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -75,9 +75,10 @@ func TestKeepaliveKeepsNoContextOfItsPings(t *testing.T) {
 	// The last ping's deadline context stays reachable for a moment after
 	// stop (the runtime drops a stopped timer, and what its function
 	// holds, from its heap lazily), and a run now and then still sees one
-	// small object of it (32-64 bytes) a second later. What fails is the
-	// context a keepalive kept for the socket's life: 176 bytes and more.
-	const slack = 96
+	// small object of it (32-128 bytes; 128 in one CI run with the whole
+	// package) a second later. What fails is the context a keepalive kept
+	// for the socket's life: 176 bytes and more.
+	const slack = 128
 	var held int64
 	for try := 0; try < 50; try++ {
 		if held, _ = memprofile.Sum(fromTick); held <= slack {

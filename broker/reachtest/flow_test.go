@@ -185,9 +185,9 @@ func TestBulkDownloadDoesNotStarveOtherStreams(t *testing.T) {
 }
 
 // TestFastUploaderIsPausedNotCut: a client uploads 32 MiB much faster than
-// the API reads it (64 KiB every 2 ms). The broker must stop reading that
-// client (TCP backpressure) and never close the stream for it; the upload
-// completes byte for byte. The broker's slow-consumer timeout is shortened
+// the API reads it (64 KiB every 2 ms, and nothing for 1.5 s after the
+// first MiB). The broker must stop reading that client (TCP backpressure)
+// and never close the stream for it; the upload completes byte for byte. The broker's slow-consumer timeout is shortened
 // to show that it does not apply to the host-bound direction.
 func TestFastUploaderIsPausedNotCut(t *testing.T) {
 	r := startReach(t, reachOptions{
@@ -203,7 +203,7 @@ func TestFastUploaderIsPausedNotCut(t *testing.T) {
 	r.front.api.handle("/upload", func(w http.ResponseWriter, req *http.Request) {
 		hw := newHashingWriter()
 		buf := make([]byte, 64<<10)
-		for {
+		for i := 0; ; i++ {
 			n, err := io.ReadFull(req.Body, buf)
 			hw.Write(buf[:n])
 			if err != nil {
@@ -213,7 +213,15 @@ func TestFastUploaderIsPausedNotCut(t *testing.T) {
 				}
 				break
 			}
-			time.Sleep(2 * time.Millisecond)
+			// One pause longer than the broker's slow-consumer timeout
+			// after the first MiB: the uploader fills the stream's credit
+			// however slowly a loaded machine runs it, so the broker must
+			// pause it (the precondition below), and must not cut it.
+			pause := 2 * time.Millisecond
+			if i == 16 {
+				pause = 1500 * time.Millisecond
+			}
+			time.Sleep(pause)
 		}
 		fmt.Fprintf(w, "%d %s", hw.n.Load(), hw.hex())
 	})

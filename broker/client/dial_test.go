@@ -630,3 +630,24 @@ func TestUploadLeavesInFullTLSRecords(t *testing.T) {
 		t.Fatalf("the client sent %d TLS records of at most %d bytes for 2 MiB", n, longest)
 	}
 }
+
+// TestMessageAboveTheLimitEndsTheStream: a broker message above the 1 MiB
+// read limit ends the stream with the limit's error (the socket closes
+// with 1009), also now that a message's bytes are queued as they arrive:
+// the caller reads at most the limit and the one byte more the library
+// reads to see a message's end, as from a connection cut mid-stream.
+func TestMessageAboveTheLimitEndsTheStream(t *testing.T) {
+	srv := fakeBroker(t, func(ws *websocket.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), step)
+		defer cancel()
+		ws.Write(ctx, websocket.MessageBinary, make([]byte, wire.MaxClientFrame+1))
+		ws.Read(ctx) // until the client's close
+	})
+	c := dialFake(t, srv)
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(step))
+	got, err := io.Copy(io.Discard, c)
+	if err == nil || !strings.Contains(err.Error(), "above 1 MiB") || got > wire.MaxClientFrame+1 {
+		t.Fatalf("read %d bytes, then %v; want at most %d and the limit's error", got, err, wire.MaxClientFrame+1)
+	}
+}

@@ -33,11 +33,10 @@ const (
 	DefaultRegisterTimeout = wire.RegisterTimeout
 )
 
-// readQueueMessages bounds the broker messages a Conn holds that the caller
-// has not read yet. Together with the 1 MiB read limit per message this caps
-// the buffered bytes of one stream at 8 MiB (the broker sends 32 KiB pieces,
-// so in practice 256 KiB). The queue exists so that pings are answered while
-// the caller is busy elsewhere.
+// readQueueMessages bounds the chunks of received bytes (readChunk, 64 KiB
+// each) a Conn holds that the caller has not read yet: at most 512 KiB per
+// stream. The queue exists so that pings are answered while the caller is
+// busy elsewhere.
 const readQueueMessages = 8
 
 // writeQueueBytes bounds the bytes a Conn's Write queues for its writer;

@@ -87,14 +87,14 @@ type Conn struct {
 	remote   net.Addr
 	log      zerolog.Logger
 
-	msgs       chan []byte   // filled by readLoop, closed when it ends
+	msgs       chan *[]byte  // chunks of chunkPool filled by readLoop, closed when it ends
 	readErr    error         // why readLoop ended; written before msgs is closed
 	readerDone chan struct{} // closed when readLoop returned
 	lost       atomic.Pointer[error]
 
 	rmu    sync.Mutex // serializes Read; guards cur and curBuf
 	cur    []byte
-	curBuf []byte // the whole buffer cur is the rest of, when taken from the reader (recycled once read)
+	curBuf *[]byte // the chunk cur is the rest of (back to chunkPool once read)
 
 	wmu sync.Mutex // serializes Write
 	// The write queue (see Write and writeLoop), guarded by qmu: q is
@@ -130,7 +130,7 @@ func newConn(ws msgconn.Conn, sid wire.ID, local, remote net.Addr, cfg Config, l
 		local:      local,
 		remote:     remote,
 		log:        log.With().Str("stream_id", sid.String()).Logger(),
-		msgs:       make(chan []byte, readQueueMessages),
+		msgs:       make(chan *[]byte, readQueueMessages),
 		readerDone: make(chan struct{}),
 		rdl:        msgconn.NewDeadline(),
 		wdl:        msgconn.NewDeadline(),
@@ -172,23 +172,24 @@ func (c *Conn) readLoop() {
 	defer close(c.readerDone)
 	defer close(c.msgs)
 	var brokerErr error // an `error` message announcing the close
-	// Each message is lent until the next one: a large message's buffer is
-	// taken over and queued as it is (Read recycles it once read); a small
-	// one, or one a transport only lends, is copied. A copy of every
-	// message (a fresh slice of up to 256 KiB each time) was, with the GC
-	// and page faults it caused, about a third of the client's CPU on a
-	// download through the broker.
-	if w, ok := c.ws.(*msgconn.WebSocket); ok {
-		defer w.Release()
-	}
-	owner, _ := c.ws.(msgconn.Owner)
+	// A binary message's bytes are queued as they arrive, in pooled
+	// chunks of readChunk bytes (one per frame the broker sent, at most):
+	// a stream has no message boundaries to keep. Read whole into a
+	// buffer sized after the last messages (the broker's vary from one
+	// DATA payload to ClientWriteChunk), a download allocated about a
+	// third of its bytes in regrown and copied buffers.
 	for {
-		typ, data, err := c.ws.Read(context.Background()) // bounded by SetReadLimit
+		typ, r, err := nextReader(c.ws)
 		if err != nil {
 			c.readErr = c.readError(err, brokerErr)
 			return
 		}
 		if typ == msgconn.Text {
+			data, err := io.ReadAll(r) // bounded by SetReadLimit
+			if err != nil {
+				c.readErr = c.readError(err, brokerErr)
+				return
+			}
 			m, err := wire.ParseBrokerMessage(data)
 			if em, ok := m.(wire.ErrorMsg); ok && err == nil {
 				brokerErr = &wire.Error{Code: em.Code, Detail: "the broker ended the stream"}
@@ -198,26 +199,56 @@ func (c *Conn) readLoop() {
 			c.ws.CloseNow()
 			return
 		}
-		if len(data) == 0 {
-			continue
-		}
-		var m []byte
-		if owner != nil {
-			m = owner.Take() // no headroom: the message fills it from the start
-		}
-		if m == nil {
-			m = bytes.Clone(data)
-		}
-		c.pause.Enter()
-		select {
-		case c.msgs <- m:
-			c.pause.Leave()
-		case <-c.closed:
-			c.pause.Leave()
-			c.readErr = net.ErrClosed
-			return
+		for {
+			bp := chunkPool.Get().(*[]byte)
+			n, err := r.Read((*bp)[:readChunk])
+			if n == 0 {
+				chunkPool.Put(bp)
+			} else {
+				*bp = (*bp)[:n]
+				c.pause.Enter()
+				select {
+				case c.msgs <- bp:
+					c.pause.Leave()
+				case <-c.closed:
+					c.pause.Leave()
+					chunkPool.Put(bp)
+					c.readErr = net.ErrClosed
+					return
+				}
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				c.readErr = c.readError(err, brokerErr)
+				return
+			}
 		}
 	}
+}
+
+// readChunk is the size of the pieces a Conn queues what it reads in: the
+// broker's largest frame (it fragments its messages at 64 KiB).
+const readChunk = 64 << 10
+
+var chunkPool = sync.Pool{New: func() any {
+	b := make([]byte, readChunk)
+	return &b
+}}
+
+// nextReader is ws's next message as a reader of its bytes; a transport
+// that only reads whole messages (msgconn.Pipe in tests) lends its message
+// until the next call, and the caller has copied it into chunks by then.
+func nextReader(ws msgconn.Conn) (msgconn.MessageType, io.Reader, error) {
+	if s, ok := ws.(msgconn.Streamer); ok {
+		return s.NextReader(context.Background())
+	}
+	typ, data, err := ws.Read(context.Background())
+	if err != nil {
+		return 0, nil, err
+	}
+	return typ, bytes.NewReader(data), nil
 }
 
 func (c *Conn) readError(err, brokerErr error) error {
@@ -254,11 +285,11 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	if len(c.cur) == 0 {
 		select {
-		case m, ok := <-c.msgs:
+		case bp, ok := <-c.msgs:
 			if !ok {
 				return 0, c.readErr
 			}
-			c.cur, c.curBuf = m, m
+			c.cur, c.curBuf = *bp, bp
 		case <-c.closed:
 			return 0, net.ErrClosed
 		case <-c.rdl.Wait():
@@ -267,8 +298,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	n := copy(p, c.cur)
 	c.cur = c.cur[n:]
-	if len(c.cur) == 0 && c.curBuf != nil {
-		msgconn.Recycle(c.curBuf)
+	if len(c.cur) == 0 {
+		*c.curBuf = (*c.curBuf)[:readChunk]
+		chunkPool.Put(c.curBuf)
 		c.cur, c.curBuf = nil, nil
 	}
 	return n, nil

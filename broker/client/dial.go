@@ -77,7 +77,7 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 	log := cfg.Log.With().Str("broker", u.Host).Str("connection_id", connID.String()).Logger()
 
 	var local, remote net.Addr
-	var batch *msgconn.BatchConn // under the socket's TLS
+	var batch *msgconn.BatchConn // under the socket's TLS, then the one above it
 	dialer := &net.Dialer{KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		Proxy: nil, // a proxy would see the upgrade; Reach dials directly
@@ -101,10 +101,18 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 				return nil, err
 			}
 			local, remote = raw.LocalAddr(), raw.RemoteAddr()
+			var outer net.Conn = tc
 			if cfg.WrapOuter != nil {
-				return cfg.WrapOuter(tc), nil
+				outer = cfg.WrapOuter(tc)
 			}
-			return tc, nil
+			// The library writes a client's frames through a 4 KiB
+			// buffer, each 4 KiB its own TLS record: gathered above
+			// TLS, a message leaves in 16 KiB records, and those in one
+			// write(2) through the BatchConn under TLS.
+			plain := msgconn.NewBatchConn(outer)
+			plain.HoldUnder(batch)
+			batch = plain
+			return plain, nil
 		},
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: maxUpgradeHeaderBytes,

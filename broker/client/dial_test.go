@@ -357,6 +357,24 @@ func fakeBrokerConfig(srv *httptest.Server) Config {
 	}
 }
 
+// dialFake opens a stream through the fake broker srv.
+func dialFake(t *testing.T, srv *httptest.Server) net.Conn {
+	t.Helper()
+	return dialConfig(t, fakeBrokerConfig(srv))
+}
+
+// dialConfig opens a stream with cfg.
+func dialConfig(t *testing.T, cfg Config) net.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), step)
+	defer cancel()
+	c, err := Dial(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func TestKeepaliveDropsSilentBroker(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
@@ -522,17 +540,114 @@ func TestBrokerErrorAfterMatchedSurfaces(t *testing.T) {
 			ws.Write(ctx, websocket.MessageText, []byte(tc.msg))
 			ws.Close(wire.ClosePolicy, "")
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), step)
-		c, err := Dial(ctx, fakeBrokerConfig(srv))
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialFake(t, srv)
 		c.SetReadDeadline(time.Now().Add(step))
 		b, err := io.ReadAll(c)
 		if string(b) != "data first" || !tc.want(err) {
 			t.Errorf("after %s: read %q, %v", tc.msg, b, err)
 		}
 		c.Close()
+	}
+}
+
+// TestMessageBytesReadableAsTheyArrive: the bytes of a broker message are
+// the caller's as soon as they arrive, not once the whole message has (a
+// stream has no message boundaries, and a Conn holding whole messages held
+// buffers sized after them); the message's end still delivers the rest.
+func TestMessageBytesReadableAsTheyArrive(t *testing.T) {
+	first := bytes.Repeat([]byte("first fragment "), 4<<10) // 60 KiB
+	last := []byte("and the end")
+	release := make(chan struct{})
+	srv := fakeBroker(t, func(ws *websocket.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*step)
+		defer cancel()
+		wr, err := ws.Writer(ctx, websocket.MessageBinary)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		wr.Write(first) // one fragment; the message goes on
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		wr.Write(last)
+		wr.Close()
+		ws.Close(websocket.StatusNormalClosure, "")
+	})
+	c := dialFake(t, srv)
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(step))
+	got := make([]byte, len(first))
+	_, err := io.ReadFull(c, got)
+	close(release)
+	if err != nil || !bytes.Equal(got, first) {
+		t.Fatalf("the message's first fragment was not readable before its end: %v", err)
+	}
+	rest, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(rest, last) {
+		t.Fatalf("the rest: %q %v", rest, err)
+	}
+}
+
+// TestUploadLeavesInFullTLSRecords: a Conn's messages reach the broker in
+// TLS records larger than the WebSocket library's 4 KiB write buffer
+// (which made every 4 KiB its own record to seal here and open at the
+// broker), and the bytes arrive intact.
+func TestUploadLeavesInFullTLSRecords(t *testing.T) {
+	const size = 2 << 20
+	got := make(chan [32]byte, 1)
+	e, _, tok := published(t, nil, wire.KindRoute, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, size)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Errorf("host read: %v", err)
+		}
+		got <- sha256.Sum256(buf)
+	})
+	rec := testenv.ForwardRecords(t, e.addr)
+	cfg := e.config(0, wire.KindRoute, tok)
+	cfg.BrokerURL = "wss://" + rec.Addr + wire.ConnectPath
+	c := dialConfig(t, cfg)
+	defer c.Close()
+	data := make([]byte, size)
+	rand.Read(data)
+	c.SetDeadline(time.Now().Add(step))
+	if _, err := c.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case sum := <-got:
+		if sum != sha256.Sum256(data) {
+			t.Fatal("the host received different bytes")
+		}
+	case <-time.After(step):
+		t.Fatal("the host did not receive everything")
+	}
+	// 2 MiB in 4 KiB records is more than 500 of them, none above
+	// 4096 + 17 bytes (TLS 1.3's content type and tag).
+	if n, longest := rec.Seen(); longest <= 8<<10 || n > 400 {
+		t.Fatalf("the client sent %d TLS records of at most %d bytes for 2 MiB", n, longest)
+	}
+}
+
+// TestMessageAboveTheLimitEndsTheStream: a broker message above the 1 MiB
+// read limit ends the stream with the limit's error (the socket closes
+// with 1009), also now that a message's bytes are queued as they arrive:
+// the caller reads at most the limit and the one byte more the library
+// reads to see a message's end, as from a connection cut mid-stream.
+func TestMessageAboveTheLimitEndsTheStream(t *testing.T) {
+	srv := fakeBroker(t, func(ws *websocket.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), step)
+		defer cancel()
+		ws.Write(ctx, websocket.MessageBinary, make([]byte, wire.MaxClientFrame+1))
+		ws.Read(ctx) // until the client's close
+	})
+	c := dialFake(t, srv)
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(step))
+	got, err := io.Copy(io.Discard, c)
+	if err == nil || !strings.Contains(err.Error(), "above 1 MiB") || got > wire.MaxClientFrame+1 {
+		t.Fatalf("read %d bytes, then %v; want at most %d and the limit's error", got, err, wire.MaxClientFrame+1)
 	}
 }

@@ -52,15 +52,7 @@ func TestExchangeWithBrokerOverEachTransport(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), step)
 			defer cancel()
-			bs, err := c.PublishBootstrap(ctx, time.Minute)
-			if err != nil {
-				t.Fatalf("publish: %v", err)
-			}
-			ws, err := dialBroker(t, rb, wire.KindBootstrap, bs.Token)
-			if err != nil {
-				t.Fatalf("client: %v", err)
-			}
-			st := accept(t, c)
+			ws, st := bootstrapStream(t, c, rb)
 			echo(st)
 			big := bytes.Repeat([]byte("0123456789abcdef"), 40<<10) // 640 KiB: several chunks each way
 			for _, msg := range [][]byte{[]byte("hello"), big} {
@@ -87,4 +79,63 @@ func TestExchangeWithBrokerOverEachTransport(t *testing.T) {
 			testenv.WaitFor(t, "the stream to end", func() bool { return c.Status().ActiveStreams == 0 })
 		})
 	}
+}
+
+// TestDownloadLeavesInFullTLSRecords: the connector's DATA frames reach the
+// broker in TLS records larger than the WebSocket library's 4 KiB write
+// buffer (which made every 4 KiB its own record to seal and open), and the
+// bytes arrive intact.
+func TestDownloadLeavesInFullTLSRecords(t *testing.T) {
+	rb := startBroker(t, nil)
+	cfg := rb.connectorConfig(t)
+	rec := testenv.ForwardRecords(t, rb.Addr)
+	cfg.BrokerURL = "wss://" + rec.Addr + wire.ConnectPath
+	c := newConnector(t, cfg)
+	run(t, c)
+	waitConnected(t, c)
+
+	ctx, cancel := context.WithTimeout(context.Background(), step)
+	defer cancel()
+	ws, st := bootstrapStream(t, c, rb)
+	big := make([]byte, 2<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	go st.Write(big)
+	var got []byte
+	for len(got) < len(big) {
+		_, data, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatalf("client read: %v", err)
+		}
+		got = append(got, data...)
+	}
+	if !bytes.Equal(got, big) {
+		t.Fatalf("%d bytes sent, %d different bytes received", len(big), len(got))
+	}
+	n, maxRec := rec.Seen()
+	// 2 MiB in 4 KiB records is more than 500 of them, none above
+	// 4096 + 17 bytes (TLS 1.3's content type and tag).
+	if maxRec <= 8<<10 || n > 400 {
+		t.Fatalf("the connector sent %d TLS records of at most %d bytes for 2 MiB of DATA", n, maxRec)
+	}
+	t.Logf("%d records, largest %d bytes", n, maxRec)
+	ws.Close(websocket.StatusNormalClosure, "")
+}
+
+// bootstrapStream publishes a bootstrap of c's host and opens a stream with
+// it as a client: the client's socket and the stream the front accepts.
+func bootstrapStream(t *testing.T, c *Connector, rb *realBroker) (*websocket.Conn, *stream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), step)
+	defer cancel()
+	bs, err := c.PublishBootstrap(ctx, time.Minute)
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	ws, err := dialBroker(t, rb, wire.KindBootstrap, bs.Token)
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	return ws, accept(t, c)
 }

@@ -53,6 +53,8 @@ type BatchConn struct {
 	flushing bool
 	buf      *[]byte // pooled; nil when empty
 	err      error   // a gathered write failed: the socket is unusable
+
+	under *BatchConn // held and released with this one (HoldUnder); nil: none
 }
 
 // NewBatchConn wraps c.
@@ -191,16 +193,39 @@ func (b *BatchConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// HoldUnder makes b, wrapped around a TLS connection (its plaintext),
+// hold and release under, the BatchConn under that connection, with
+// itself: the plaintext a writer gathers in b leaves as one TLS Write, in
+// records of up to 16 KiB instead of one per write (a WebSocket client's
+// 4 KiB write buffer made each 4 KiB of a frame its own record), and those
+// records leave in one write(2) through under. Call it before the first
+// Hold.
+func (b *BatchConn) HoldUnder(under *BatchConn) { b.under = under }
+
 // Hold starts gathering writes; each Hold is paired with one Release.
 func (b *BatchConn) Hold() {
 	b.mu.Lock()
 	b.held++
 	b.mu.Unlock()
+	if b.under != nil {
+		b.under.Hold()
+	}
 }
 
 // Release ends one Hold; the last one writes what was gathered and
 // returns the error of any gathered write.
 func (b *BatchConn) Release() error {
+	err := b.release()
+	if b.under != nil {
+		// After b's own write: its records are in under's batch.
+		if uerr := b.under.Release(); err == nil {
+			err = uerr
+		}
+	}
+	return err
+}
+
+func (b *BatchConn) release() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.held--

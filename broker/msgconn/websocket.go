@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,7 @@ const pingRetry = 10 * time.Millisecond
 type WebSocket struct {
 	c      *websocket.Conn
 	rd     Reader
+	sr     streamReader // the message NextReader returned
 	remote string
 	batch  *BatchConn // under the socket's TLS; nil: every record is its own write
 	// holdAbove is the largest message the library's write buffer sends
@@ -220,6 +222,65 @@ func (w *WebSocket) Read(ctx context.Context) (MessageType, []byte, error) {
 			continue
 		}
 		return 0, nil, mapError(err)
+	}
+}
+
+// Streamer is a Conn whose reader can take a message's bytes as they
+// arrive instead of whole (a byte-stream relay queues them in pieces of
+// its own size: no buffer sized after the message). Only the single
+// reader calls it, instead of Read.
+type Streamer interface {
+	// NextReader waits for the next message and returns a reader of its
+	// bytes, valid until the next NextReader; it must be read to io.EOF
+	// before that. Its errors are Read's (ErrTooBig past the read limit,
+	// *CloseError), and it resumes as Read does after the library gave
+	// up answering a ping.
+	NextReader(ctx context.Context) (MessageType, io.Reader, error)
+}
+
+var _ Streamer = (*WebSocket)(nil)
+
+// NextReader waits for the next message and returns a reader of its bytes
+// as they arrive (Streamer). ctx bounds the wait for the message's start
+// only as Read's does.
+func (w *WebSocket) NextReader(ctx context.Context) (MessageType, io.Reader, error) {
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
+		defer stop()
+	}
+	for retries := 0; ; retries++ {
+		typ, r, err := w.c.Reader(context.Background())
+		if err == nil {
+			w.sr = streamReader{r: r}
+			return MessageType(typ), &w.sr, nil
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && retries < maxReadRetries {
+			continue
+		}
+		return 0, nil, mapError(err)
+	}
+}
+
+// streamReader is the reader NextReader returns: the library's, with
+// Read's error mapping and retries.
+type streamReader struct {
+	r       io.Reader
+	retries int
+}
+
+func (s *streamReader) Read(p []byte) (int, error) {
+	for {
+		n, err := s.r.Read(p)
+		if err == nil || err == io.EOF {
+			return n, err
+		}
+		// A ping the library could not answer within its 5 s leaves the
+		// message where it was: go on reading it.
+		if n == 0 && errors.Is(err, context.DeadlineExceeded) && s.retries < maxReadRetries {
+			s.retries++
+			continue
+		}
+		return n, mapError(err)
 	}
 }
 

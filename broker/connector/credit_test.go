@@ -326,12 +326,16 @@ func TestCreditGrantsInLargeSteps(t *testing.T) {
 }
 
 // TestCreditWindowGrowsToTheStreamBuffer: the broker sends two streams as
-// fast as its credit allows, the connector's grants reaching it 50 ms
+// fast as its credit allows, the connector's grants reaching it 200 ms
 // late. Each stream starts with 2 MiB of its 4 MiB buffer granted. The
 // one whose front reads everything at once has its window grown
 // (auto-tuning) beyond 2 MiB and never beyond the buffer; the one whose
-// front reads 256 KiB every 100 ms (2.5 MB/s, where 2 MiB per 50 ms
-// allows 40) never gets more than the 2 MiB. Both arrive whole.
+// front reads 256 KiB every 250 ms (1 MB/s) never gets more than the 2 MiB.
+// Both arrive whole. The round trip is long so that 2 MiB per round trip
+// (10 MB/s) is what holds the fast stream back even under -race on a
+// loaded machine: at 50 ms it needed 40 MB/s, and a run that could not
+// send that fast was not window-bound and rightly did not grow. Growth
+// needs a window drained in under four round trips (2.6 MB/s here).
 func TestCreditWindowGrowsToTheStreamBuffer(t *testing.T) {
 	c, h := creditFake(t, nil)
 	if typ, _, err := rawRead(t, h, step); err != nil || typ != websocket.MessageText {
@@ -363,17 +367,17 @@ func TestCreditWindowGrowsToTheStreamBuffer(t *testing.T) {
 				t.Errorf("broker got %v %v flags %d", typ, perr, f.Flags)
 				return
 			}
-			cs.Grant(f.StreamID, f.Increment(), 50*time.Millisecond)
+			cs.Grant(f.StreamID, f.Increment(), 200*time.Millisecond)
 		}
 	}()
-	const fastTotal, slowTotal = 48 << 20, 5 << 19
+	const fastTotal, slowTotal = 24 << 20, 5 << 19
 	got := make(chan int64, 2)
 	go func() { n, _ := io.Copy(io.Discard, io.LimitReader(fast, fastTotal)); got <- n }()
 	go func() {
 		var n int64
 		buf := make([]byte, 256<<10)
 		for n < slowTotal {
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(250 * time.Millisecond)
 			k, err := io.ReadFull(slow, buf[:min(len(buf), slowTotal-int(n))])
 			n += int64(k)
 			if err != nil {
@@ -390,12 +394,22 @@ func TestCreditWindowGrowsToTheStreamBuffer(t *testing.T) {
 		}
 	}
 	read.Store(true)
-	pf, ps := cs.Peak(fid), cs.Peak(sid)
-	t.Logf("peak credit: fast stream %d, slow stream %d (buffer %d)", pf, ps, buffer)
-	if pf <= open || pf > buffer {
-		t.Fatalf("fast stream: peak credit %d, want above %d and at most the %d buffer", pf, open, buffer)
+	// The window each stream's receiver keeps open is what auto-tuning
+	// grows; the most credit the sender held at once bounds it from the
+	// other side (a sender spending each grant as it lands never holds
+	// much, so that peak alone cannot show the growth).
+	size := func(st *stream) int64 {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return st.recv.Size()
 	}
-	if ps > open {
-		t.Fatalf("slow stream: peak credit %d, above the %d granted at open", ps, open)
+	wf, ws := size(fast), size(slow)
+	pf, ps := cs.Peak(fid), cs.Peak(sid)
+	t.Logf("window: fast stream %d, slow stream %d; peak credit %d, %d (buffer %d)", wf, ws, pf, ps, buffer)
+	if wf <= open || wf > int64(buffer) || pf > buffer {
+		t.Fatalf("fast stream: window %d, peak credit %d, want a window above %d and both at most the %d buffer", wf, pf, open, buffer)
+	}
+	if ws != open || ps > open {
+		t.Fatalf("slow stream: window %d, peak credit %d, want the %d granted at open", ws, ps, open)
 	}
 }

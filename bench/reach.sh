@@ -28,6 +28,11 @@ else
 	# pages, the handshake burst's garbage) rather than what a host holds.
 	REACH_IDLE_HOSTS=${REACH_IDLE_HOSTS:-1024} REACH_STREAM_HOSTS=64
 fi
+# Hosts registered (and kept) before the idle figure's baseline, so the
+# per-host RSS is what one more host costs, without the broker's first-use
+# costs (code paged in, runtime arenas); none when no idle figure runs.
+REACH_IDLE_WARM=${REACH_IDLE_WARM:-64}
+((REACH_IDLE_HOSTS > 0)) || REACH_IDLE_WARM=0
 REACH_STREAMS_PER_HOST=16 # the broker's per-host limit
 # The idle CPU window: two keepalive rounds (one in a quick run).
 REACH_IDLE_HOLD=${REACH_IDLE_HOLD:-$([[ $QUICK == 1 ]] && echo 16s || echo 30s)}
@@ -101,7 +106,7 @@ EOF
 	fi
 	(
 		umask 077
-		for ((i = 0; i < REACH_IDLE_HOSTS; i++)); do
+		for ((i = 0; i < REACH_IDLE_WARM + REACH_IDLE_HOSTS; i++)); do
 			"$FRONT_BIN" broker add-host --config "$d/broker.yaml" --json || exit 1
 		done >"$d/idle-hosts.jsonl" 2>>"$WORK/broker-admin.log"
 	) || die "broker add-host failed (see $RESULTS/logs/broker-admin.log)"
@@ -318,7 +323,7 @@ reach_pingpong() {
 reach_idle() {
 	local out
 	out=$(reach_figure idle reach-idle -broker-url "$BROKER_URL" -ca-file "$REACH_DIR/broker.crt" \
-		-hosts "$REACH_DIR/idle-hosts.jsonl" -hosts-n "$REACH_IDLE_HOSTS" -stream-hosts "$REACH_STREAM_HOSTS" \
+		-hosts "$REACH_DIR/idle-hosts.jsonl" -warm "$REACH_IDLE_WARM" -hosts-n "$REACH_IDLE_HOSTS" -stream-hosts "$REACH_STREAM_HOSTS" \
 		-streams-per-host "$REACH_STREAMS_PER_HOST" -settle "$SETTLE" -pids "${PID[broker]}" \
 		-metrics "127.0.0.1:$BMETRICS_PORT" -hold "$REACH_IDLE_HOLD") || {
 		fail "reach idle hosts/streams failed (see $RESULTS/logs/reach-loadgen.log)"

@@ -90,6 +90,7 @@ func cmdReachIdle(args []string) error {
 	caFile := fs.String("ca-file", "", "the broker's certificate (PEM)")
 	hostsPath := fs.String("hosts", "", "JSON lines from `securelink broker add-host --json`")
 	nHosts := fs.Int("hosts-n", 200, "idle hosts to register")
+	warm := fs.Int("warm", 0, "hosts registered (from the file's first lines) and kept before the baseline sample, so the per-host figure leaves out the broker's first-use costs (code paged in, runtime arenas)")
 	streamHosts := fs.Int("stream-hosts", 64, "hosts that get idle streams")
 	perHost := fs.Int("streams-per-host", 16, "idle streams per such host")
 	settle := fs.Duration("settle", 3*time.Second, "wait before each RSS sample")
@@ -102,7 +103,7 @@ func cmdReachIdle(args []string) error {
 	if err := brokerLoopback(*brokerURL); err != nil {
 		return err
 	}
-	if *nHosts < 1 || *nHosts > maxIdleHosts || *streamHosts < 0 || *streamHosts > *nHosts ||
+	if *nHosts < 1 || *warm < 0 || *nHosts+*warm > maxIdleHosts || *streamHosts < 0 || *streamHosts > *nHosts ||
 		*perHost < 1 || *perHost > maxStreamsPerHst || *settle < 0 || *settle > maxDuration || *par < 1 || *par > 256 || *hold < 0 || *hold > maxDuration {
 		return errors.New("bad -hosts-n/-stream-hosts/-streams-per-host/-settle/-parallel/-hold")
 	}
@@ -114,10 +115,11 @@ func cmdReachIdle(args []string) error {
 	if err != nil {
 		return err
 	}
-	lines, err := readHosts(*hostsPath, *nHosts)
+	lines, err := readHosts(*hostsPath, *warm+*nHosts)
 	if err != nil {
 		return err
 	}
+	warmLines, lines := lines[:*warm], lines[*warm:]
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -134,6 +136,17 @@ func cmdReachIdle(args []string) error {
 		s, err := scrape(ctx, *metrics)
 		return s.goroutines, err
 	}
+	var runs sync.WaitGroup
+	defer func() {
+		cancel()
+		waitBounded(&runs, 10*time.Second)
+	}()
+	if len(warmLines) > 0 {
+		if _, err := startHosts(ctx, &runs, *brokerURL, pool, warmLines, *perHost, *par, (*idleHost).accept); err != nil {
+			return fmt.Errorf("warm-up hosts: %w", err)
+		}
+		time.Sleep(*settle)
+	}
 	before, err := sampleProcs(roots)
 	if err != nil {
 		return err
@@ -142,11 +155,6 @@ func cmdReachIdle(args []string) error {
 	if err != nil {
 		return err
 	}
-	var runs sync.WaitGroup
-	defer func() {
-		cancel()
-		waitBounded(&runs, 10*time.Second)
-	}()
 	t0 := time.Now()
 	hosts, err := startHosts(ctx, &runs, *brokerURL, pool, lines, *perHost, *par, (*idleHost).accept)
 	if err != nil {
@@ -226,8 +234,8 @@ func cmdReachIdle(args []string) error {
 		secs := time.Since(t).Seconds()
 		holdNote = fmt.Sprintf(" hold_secs=%.1f idle_cpu_pct=%.2f", secs, (h1.cpuMicros()-h0.cpuMicros())/1e6/secs*100)
 	}
-	fmt.Printf("hosts=%d streams=%d host_secs=%.2f stream_secs=%.2f rss_before_kib=%d rss_hosts_kib=%d rss_streams_kib=%d kib_per_host=%.1f kib_per_stream=%.1f%s%s%s\n",
-		len(hosts), nStreams, hostSecs, streamSecs, before.rssKiB, mid.rssKiB, after.rssKiB, perHostKiB, perStreamKiB, gNote, lateNote, holdNote)
+	fmt.Printf("warm=%d hosts=%d streams=%d host_secs=%.2f stream_secs=%.2f rss_before_kib=%d rss_hosts_kib=%d rss_streams_kib=%d kib_per_host=%.1f kib_per_stream=%.1f%s%s%s\n",
+		len(warmLines), len(hosts), nStreams, hostSecs, streamSecs, before.rssKiB, mid.rssKiB, after.rssKiB, perHostKiB, perStreamKiB, gNote, lateNote, holdNote)
 	return nil
 }
 

@@ -119,6 +119,21 @@ func acceptedPeer(t *testing.T, answer *atomic.Bool) (*WebSocket, *websocket.Con
 // test; the server side's reader runs.
 func acceptedPeerReading(t *testing.T, answer *atomic.Bool) (*WebSocket, *websocket.Conn) {
 	t.Helper()
+	w, peer := acceptedSocket(t, answer)
+	go func() {
+		for {
+			if _, _, err := w.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	return w, peer
+}
+
+// acceptedSocket is an accepted socket and its peer, both sides' reads left
+// to the test.
+func acceptedSocket(t *testing.T, answer *atomic.Bool) (*WebSocket, *websocket.Conn) {
+	t.Helper()
 	got := make(chan *WebSocket, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		ws, err := Accept(rw, r, nil, r.RemoteAddr)
@@ -138,13 +153,6 @@ func acceptedPeerReading(t *testing.T, answer *atomic.Bool) (*WebSocket, *websoc
 	t.Cleanup(func() { peer.CloseNow() })
 	w := <-got
 	t.Cleanup(func() { w.CloseNow() })
-	go func() {
-		for {
-			if _, _, err := w.Read(context.Background()); err != nil {
-				return
-			}
-		}
-	}()
 	return w, peer
 }
 

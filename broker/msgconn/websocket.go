@@ -37,7 +37,7 @@ type WebSocket struct {
 	rd     Reader
 	sr     streamReader // the message NextReader returned
 	remote string
-	batch  *BatchConn // under the socket's TLS; nil: every record is its own write
+	batch  *BatchConn // the socket's writes gather there (SetBatch); nil: every record is its own write
 	// holdAbove is the largest message the library's write buffer sends
 	// in one write; a larger one goes through batch.
 	holdAbove int
@@ -182,8 +182,11 @@ func (w *WebSocket) lastPong() (at time.Time, ok bool) {
 }
 
 // SetBatch makes every message above 4 KiB leave through b in as few
-// writes as possible (see BatchConn). b must be the connection under this
-// socket's TLS. Call it before the first Write.
+// writes as possible (see BatchConn). b is the connection under this
+// socket's TLS (the broker's accepted sockets) or above it, holding the one
+// under it too (HoldUnder: the client's and the connector's, whose 4 KiB
+// buffer flushes then gather into full TLS records). Call it before the
+// first Write.
 func (w *WebSocket) SetBatch(b *BatchConn) { w.batch = b }
 
 // maxFrameHeader is the largest WebSocket frame header (RFC 6455 §5.2).
@@ -242,8 +245,12 @@ var _ Streamer = (*WebSocket)(nil)
 
 // NextReader waits for the next message and returns a reader of its bytes
 // as they arrive (Streamer). ctx bounds the wait for the message's start
-// only as Read's does.
+// only as Read's does. Like a Read, it ends the lend of the last message
+// Read returned: its buffer goes back to the pool (a socket whose first
+// message, the registration's answer, was read whole would otherwise keep
+// that buffer for its life).
 func (w *WebSocket) NextReader(ctx context.Context) (MessageType, io.Reader, error) {
+	w.rd.Release()
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
 		defer stop()

@@ -2,11 +2,14 @@ package msgconn
 
 import (
 	"context"
+	"io"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/hermes-securelink/securelink/internal/memprofile"
 )
@@ -181,5 +184,37 @@ func TestAcceptedSocketAnswersPingsBetweenFragments(t *testing.T) {
 			}
 			readSome(64 << 10)
 		}
+	}
+}
+
+// TestNextReaderEndsTheLastReadsLend: NextReader, like Read, hands the
+// buffer of the message the last Read returned back to the pool. A client
+// stream reads its registration answer whole and every later message with
+// NextReader; without this the answer's buffer stayed with the stream for
+// its life.
+func TestNextReaderEndsTheLastReadsLend(t *testing.T) {
+	w, peer := acceptedSocket(t, new(atomic.Bool))
+	ctx := testCtx(t)
+	if err := peer.Write(ctx, websocket.MessageText, []byte(`{"type":"matched"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w.rd.held == nil {
+		t.Fatal("Read holds no buffer: the test shows nothing")
+	}
+	if err := peer.Write(ctx, websocket.MessageBinary, []byte("streamed")); err != nil {
+		t.Fatal(err)
+	}
+	_, r, err := w.NextReader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.rd.held != nil {
+		t.Fatal("NextReader left the last Read's buffer lent")
+	}
+	if b, err := io.ReadAll(r); err != nil || string(b) != "streamed" {
+		t.Fatalf("the streamed message: %q %v", b, err)
 	}
 }

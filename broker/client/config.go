@@ -34,8 +34,9 @@ const (
 )
 
 // readQueueMessages bounds the chunks of received bytes (readChunk, 64 KiB
-// each) a Conn holds that the caller has not read yet: at most 512 KiB per
-// stream. The queue exists so that pings are answered while the caller is
+// each, whatever the frame's size) a Conn holds that the caller has not
+// read yet: with the one Read is draining and the one the reader waits to
+// queue, at most 640 KiB per stream. The queue exists so that pings are answered while the caller is
 // busy elsewhere.
 const readQueueMessages = 8
 

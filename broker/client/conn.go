@@ -185,12 +185,12 @@ func (c *Conn) readLoop() {
 			return
 		}
 		if typ == msgconn.Text {
-			data, err := io.ReadAll(r) // bounded by SetReadLimit
+			data, err := io.ReadAll(io.LimitReader(r, wire.MaxControlBytes+1))
 			if err != nil {
 				c.readErr = c.readError(err, brokerErr)
 				return
 			}
-			m, err := wire.ParseBrokerMessage(data)
+			m, err := wire.ParseBrokerMessage(data) // refuses one above MaxControlBytes
 			if em, ok := m.(wire.ErrorMsg); ok && err == nil {
 				brokerErr = &wire.Error{Code: em.Code, Detail: "the broker ended the stream"}
 				continue // the close follows
@@ -222,6 +222,11 @@ func (c *Conn) readLoop() {
 			}
 			if err != nil {
 				c.readErr = c.readError(err, brokerErr)
+				if c.readErr == io.EOF {
+					// A close inside a message: the stream was cut,
+					// not finished.
+					c.readErr = fmt.Errorf("%w: the broker closed the stream in the middle of a message", ErrConnectionLost)
+				}
 				return
 			}
 		}

@@ -651,3 +651,33 @@ func TestMessageAboveTheLimitEndsTheStream(t *testing.T) {
 		t.Fatalf("read %d bytes, then %v; want at most %d and the limit's error", got, err, wire.MaxClientFrame+1)
 	}
 }
+
+// TestCloseInsideAMessageIsACut: a broker that closes normally (1000) in
+// the middle of a binary message has cut the stream, not finished it: the
+// bytes of the message's first fragment are readable, and then the stream
+// fails with ErrConnectionLost instead of ending with io.EOF, so a caller
+// reading to the end cannot take a truncated stream for a whole one.
+func TestCloseInsideAMessageIsACut(t *testing.T) {
+	first := bytes.Repeat([]byte("first fragment "), 4<<10) // 60 KiB
+	srv := fakeBroker(t, func(ws *websocket.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*step)
+		defer cancel()
+		wr, err := ws.Writer(ctx, websocket.MessageBinary)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		wr.Write(first) // one fragment; the message never ends
+		ws.Close(websocket.StatusNormalClosure, "")
+	})
+	c := dialFake(t, srv)
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(step))
+	got, err := io.ReadAll(c)
+	if !bytes.Equal(got, first) {
+		t.Fatalf("read %d bytes before the close, want the fragment's %d", len(got), len(first))
+	}
+	if !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("a close inside a message ended the stream with %v, want ErrConnectionLost", err)
+	}
+}

@@ -199,8 +199,13 @@ func (b *BatchConn) Write(p []byte) (int, error) {
 // records of up to 16 KiB instead of one per write (a WebSocket client's
 // 4 KiB write buffer made each 4 KiB of a frame its own record), and those
 // records leave in one write(2) through under. Call it before the first
-// Hold.
-func (b *BatchConn) HoldUnder(under *BatchConn) { b.under = under }
+// Hold. b reads and writes through the connection it wraps only, never
+// with raw system calls: a wrapper above TLS that exposed the socket's
+// RawConn would otherwise send b's plaintext past TLS.
+func (b *BatchConn) HoldUnder(under *BatchConn) {
+	b.under = under
+	b.sock = rawsock.Sock{}
+}
 
 // Hold starts gathering writes; each Hold is paired with one Release.
 func (b *BatchConn) Hold() {

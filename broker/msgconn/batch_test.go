@@ -452,3 +452,31 @@ func TestBatchConnBusySocketWaitsOnThePoller(t *testing.T) {
 		t.Fatal("a busy socket's waiting read did not end with Close")
 	}
 }
+
+// A BatchConn above TLS (HoldUnder) writes and reads through the
+// connection it wraps even when that connection exposes a socket's
+// RawConn: raw system calls there would send its plaintext past TLS.
+func TestBatchConnAboveTLSUsesTheConnection(t *testing.T) {
+	a, b := tcpPair(t)
+	sc := &rawsocktest.Counted{TCPConn: b.(*net.TCPConn)} // a wrapper exposing SyscallConn
+	under := NewBatchConn(sc)
+	plain := NewBatchConn(sc)
+	plain.HoldUnder(under)
+	go io.Copy(a, a)
+	plain.Hold()
+	if _, err := plain.Write([]byte("gathered above TLS")); err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Release(); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 64)
+	plain.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := io.ReadAtLeast(plain, p, len("gathered above TLS"))
+	if err != nil || string(p[:n]) != "gathered above TLS" {
+		t.Fatalf("echo: %q %v", p[:n], err)
+	}
+	if sc.Writes.Load() == 0 || sc.Reads.Load() == 0 {
+		t.Fatalf("%d writes and %d reads through the wrapped connection: the BatchConn above TLS made raw system calls", sc.Writes.Load(), sc.Reads.Load())
+	}
+}

@@ -558,15 +558,7 @@ func TestMessageBytesReadableAsTheyArrive(t *testing.T) {
 	first := bytes.Repeat([]byte("first fragment "), 4<<10) // 60 KiB
 	last := []byte("and the end")
 	release := make(chan struct{})
-	srv := fakeBroker(t, func(ws *websocket.Conn) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*step)
-		defer cancel()
-		wr, err := ws.Writer(ctx, websocket.MessageBinary)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		wr.Write(first) // one fragment; the message goes on
+	srv := firstFragmentBroker(t, first, func(ctx context.Context, ws *websocket.Conn, wr io.WriteCloser) {
 		select {
 		case <-release:
 		case <-ctx.Done():
@@ -659,16 +651,8 @@ func TestMessageAboveTheLimitEndsTheStream(t *testing.T) {
 // reading to the end cannot take a truncated stream for a whole one.
 func TestCloseInsideAMessageIsACut(t *testing.T) {
 	first := bytes.Repeat([]byte("first fragment "), 4<<10) // 60 KiB
-	srv := fakeBroker(t, func(ws *websocket.Conn) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*step)
-		defer cancel()
-		wr, err := ws.Writer(ctx, websocket.MessageBinary)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		wr.Write(first) // one fragment; the message never ends
-		ws.Close(websocket.StatusNormalClosure, "")
+	srv := firstFragmentBroker(t, first, func(_ context.Context, ws *websocket.Conn, _ io.WriteCloser) {
+		ws.Close(websocket.StatusNormalClosure, "") // the message never ends
 	})
 	c := dialFake(t, srv)
 	defer c.Close()
@@ -680,4 +664,21 @@ func TestCloseInsideAMessageIsACut(t *testing.T) {
 	if !errors.Is(err, ErrConnectionLost) {
 		t.Fatalf("a close inside a message ended the stream with %v, want ErrConnectionLost", err)
 	}
+}
+
+// firstFragmentBroker is a fake broker that, once matched, sends first as
+// the first fragment of a binary message and leaves the rest to then,
+// with the message's writer still open.
+func firstFragmentBroker(t *testing.T, first []byte, then func(ctx context.Context, ws *websocket.Conn, wr io.WriteCloser)) *httptest.Server {
+	return fakeBroker(t, func(ws *websocket.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*step)
+		defer cancel()
+		wr, err := ws.Writer(ctx, websocket.MessageBinary)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		wr.Write(first) // one fragment; the message goes on
+		then(ctx, ws, wr)
+	})
 }

@@ -629,11 +629,13 @@ func TestUploadLeavesInFullTLSRecords(t *testing.T) {
 // the caller reads at most the limit and the one byte more the library
 // reads to see a message's end, as from a connection cut mid-stream.
 func TestMessageAboveTheLimitEndsTheStream(t *testing.T) {
+	closed := make(chan websocket.StatusCode, 1)
 	srv := fakeBroker(t, func(ws *websocket.Conn) {
 		ctx, cancel := context.WithTimeout(context.Background(), step)
 		defer cancel()
 		ws.Write(ctx, websocket.MessageBinary, make([]byte, wire.MaxClientFrame+1))
-		ws.Read(ctx) // until the client's close
+		_, _, err := ws.Read(ctx) // until the client's close
+		closed <- websocket.CloseStatus(err)
 	})
 	c := dialFake(t, srv)
 	defer c.Close()
@@ -641,6 +643,9 @@ func TestMessageAboveTheLimitEndsTheStream(t *testing.T) {
 	got, err := io.Copy(io.Discard, c)
 	if err == nil || !strings.Contains(err.Error(), "above 1 MiB") || got > wire.MaxClientFrame+1 {
 		t.Fatalf("read %d bytes, then %v; want at most %d and the limit's error", got, err, wire.MaxClientFrame+1)
+	}
+	if code := <-closed; code != websocket.StatusMessageTooBig {
+		t.Fatalf("the broker saw close %d, want %d (message too big)", code, websocket.StatusMessageTooBig)
 	}
 }
 

@@ -212,19 +212,35 @@ func (w *WebSocket) SetWriteBuffer(n int) { w.holdAbove = min(batchMin, n-maxFra
 // watch of ctx (an AfterFunc, a child in ctx's table) for every frame: an
 // idle socket's reader sits in one Read while every ping and pong passes.
 func (w *WebSocket) Read(ctx context.Context) (MessageType, []byte, error) {
+	var typ websocket.MessageType
+	var data []byte
+	err := w.untilMessage(ctx, func() (err error) {
+		typ, data, err = w.rd.Read(context.Background(), w.c)
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return MessageType(typ), data, nil
+}
+
+// untilMessage runs start, the library's wait for the next message, under
+// Read's rules: ctx ending cuts the socket, and a wait the library gave up
+// while it could not answer a ping is started again.
+func (w *WebSocket) untilMessage(ctx context.Context, start func() error) error {
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
 		defer stop()
 	}
 	for retries := 0; ; retries++ {
-		typ, data, err := w.rd.Read(context.Background(), w.c)
+		err := start()
 		if err == nil {
-			return MessageType(typ), data, nil
+			return nil
 		}
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && retries < maxReadRetries {
 			continue
 		}
-		return 0, nil, mapError(err)
+		return mapError(err)
 	}
 }
 
@@ -251,21 +267,18 @@ var _ Streamer = (*WebSocket)(nil)
 // that buffer for its life).
 func (w *WebSocket) NextReader(ctx context.Context) (MessageType, io.Reader, error) {
 	w.rd.Release()
-	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, func() { w.c.CloseNow() })
-		defer stop()
+	var typ websocket.MessageType
+	err := w.untilMessage(ctx, func() error {
+		var r io.Reader
+		var err error
+		typ, r, err = w.c.Reader(context.Background())
+		w.sr = streamReader{r: r}
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
 	}
-	for retries := 0; ; retries++ {
-		typ, r, err := w.c.Reader(context.Background())
-		if err == nil {
-			w.sr = streamReader{r: r}
-			return MessageType(typ), &w.sr, nil
-		}
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && retries < maxReadRetries {
-			continue
-		}
-		return 0, nil, mapError(err)
-	}
+	return MessageType(typ), &w.sr, nil
 }
 
 // streamReader is the reader NextReader returns: the library's, with

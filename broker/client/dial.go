@@ -109,10 +109,8 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 			// buffer, each 4 KiB its own TLS record: gathered above
 			// TLS, a message leaves in 16 KiB records, and those in one
 			// write(2) through the BatchConn under TLS.
-			plain := msgconn.NewBatchConn(outer)
-			plain.HoldUnder(batch)
-			batch = plain
-			return plain, nil
+			batch = msgconn.NewBatchConnAbove(outer, batch)
+			return batch, nil
 		},
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: maxUpgradeHeaderBytes,

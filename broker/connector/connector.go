@@ -214,8 +214,7 @@ func newHTTPClient(cfg Config) *http.Client {
 			// TLS, a DATA frame leaves in 16 KiB records (a quarter of
 			// the records to seal here and to open at the broker), and
 			// those in one write(2) below it.
-			plain := msgconn.NewBatchConn(tc)
-			plain.HoldUnder(bc)
+			plain := msgconn.NewBatchConnAbove(tc, bc)
 			if slot, ok := ctx.Value(batchSlot{}).(*batchSlot); ok {
 				slot.bc = plain
 			}

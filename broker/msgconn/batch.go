@@ -54,7 +54,7 @@ type BatchConn struct {
 	buf      *[]byte // pooled; nil when empty
 	err      error   // a gathered write failed: the socket is unusable
 
-	under *BatchConn // held and released with this one (HoldUnder); nil: none
+	under *BatchConn // held and released with this one (NewBatchConnAbove); nil: none
 }
 
 // NewBatchConn wraps c.
@@ -193,18 +193,18 @@ func (b *BatchConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// HoldUnder makes b, wrapped around a TLS connection (its plaintext),
-// hold and release under, the BatchConn under that connection, with
-// itself: the plaintext a writer gathers in b leaves as one TLS Write, in
-// records of up to 16 KiB instead of one per write (a WebSocket client's
-// 4 KiB write buffer made each 4 KiB of a frame its own record), and those
-// records leave in one write(2) through under. Call it before the first
-// Hold. b reads and writes through the connection it wraps only, never
-// with raw system calls: a wrapper above TLS that exposed the socket's
-// RawConn would otherwise send b's plaintext past TLS.
-func (b *BatchConn) HoldUnder(under *BatchConn) {
-	b.under = under
-	b.sock = rawsock.Sock{}
+// NewBatchConnAbove wraps tc, a TLS connection over under, so that a
+// writer's Hold and Release hold and release under with it: the plaintext
+// gathered here leaves as one TLS Write, in records of up to 16 KiB instead
+// of one per write (a WebSocket client's 4 KiB write buffer made each 4 KiB
+// of a frame its own record), and those records leave in one write(2)
+// through under. It reads and writes through tc only, never with raw
+// system calls: a wrapper of tc that exposed the socket's RawConn would
+// otherwise send plaintext past TLS.
+func NewBatchConnAbove(tc net.Conn, under *BatchConn) *BatchConn {
+	b := &BatchConn{Conn: tc, under: under}
+	b.cond.L = &b.mu
+	return b
 }
 
 // Hold starts gathering writes; each Hold is paired with one Release.

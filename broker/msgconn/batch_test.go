@@ -453,15 +453,14 @@ func TestBatchConnBusySocketWaitsOnThePoller(t *testing.T) {
 	}
 }
 
-// A BatchConn above TLS (HoldUnder) writes and reads through the
+// A BatchConn above TLS (NewBatchConnAbove) writes and reads through the
 // connection it wraps even when that connection exposes a socket's
 // RawConn: raw system calls there would send its plaintext past TLS.
 func TestBatchConnAboveTLSUsesTheConnection(t *testing.T) {
 	a, b := tcpPair(t)
 	sc := &rawsocktest.Counted{TCPConn: b.(*net.TCPConn)} // a wrapper exposing SyscallConn
 	under := NewBatchConn(sc)
-	plain := NewBatchConn(sc)
-	plain.HoldUnder(under)
+	plain := NewBatchConnAbove(sc, under)
 	go io.Copy(a, a)
 	plain.Hold()
 	if _, err := plain.Write([]byte("gathered above TLS")); err != nil {

@@ -184,7 +184,7 @@ func (w *WebSocket) lastPong() (at time.Time, ok bool) {
 // SetBatch makes every message above 4 KiB leave through b in as few
 // writes as possible (see BatchConn). b is the connection under this
 // socket's TLS (the broker's accepted sockets) or above it, holding the one
-// under it too (HoldUnder: the client's and the connector's, whose 4 KiB
+// under it too (NewBatchConnAbove: the client's and the connector's, whose 4 KiB
 // buffer flushes then gather into full TLS records). Call it before the
 // first Write.
 func (w *WebSocket) SetBatch(b *BatchConn) { w.batch = b }

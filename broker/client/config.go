@@ -36,8 +36,8 @@ const (
 // readQueueMessages bounds the chunks of received bytes (readChunk, 64 KiB
 // each, whatever the frame's size) a Conn holds that the caller has not
 // read yet: with the one Read is draining and the one the reader waits to
-// queue, at most 640 KiB per stream. The queue exists so that pings are answered while the caller is
-// busy elsewhere.
+// queue, at most 640 KiB per stream. The queue exists so that pings are
+// answered while the caller is busy elsewhere.
 const readQueueMessages = 8
 
 // writeQueueBytes bounds the bytes a Conn's Write queues for its writer;

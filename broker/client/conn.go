@@ -304,8 +304,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	n := copy(p, c.cur)
 	c.cur = c.cur[n:]
 	if len(c.cur) == 0 {
-		*c.curBuf = (*c.curBuf)[:readChunk]
-		chunkPool.Put(c.curBuf)
+		chunkPool.Put(c.curBuf) // readLoop reslices what it takes
 		c.cur, c.curBuf = nil, nil
 	}
 	return n, nil

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/server"
 	"github.com/hermes-securelink/securelink/broker/wire"
 )
@@ -93,39 +94,10 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 // loopback.
 func delayProxy(t *testing.T, target string, d time.Duration) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
+	return testenv.Forward(t, target, func(c, u net.Conn) {
+		go delayed(u, c, d)
+		go delayed(c, u, d)
 	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			go delayed(u, c, d)
-			go delayed(c, u, d)
-		}
-	}()
-	return ln.Addr().String()
 }
 
 func delayed(dst, src net.Conn, d time.Duration) {

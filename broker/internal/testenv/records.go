@@ -15,26 +15,40 @@ import (
 type Records struct {
 	Addr string // where clients connect instead of the server
 
-	mu   sync.Mutex
-	max  int
-	n    int
-	stop []func()
+	mu  sync.Mutex
+	max int
+	n   int
 }
 
 // ForwardRecords starts a Records in front of the server at to.
 func ForwardRecords(t testing.TB, to string) *Records {
 	t.Helper()
+	r := &Records{}
+	r.Addr = Forward(t, to, func(client, server net.Conn) {
+		go io.Copy(client, server)
+		go r.parse(io.TeeReader(client, server))
+	})
+	return r
+}
+
+// Forward accepts TCP connections on 127.0.0.1 and dials to for each;
+// pipe moves the bytes between the two (and returns at once). Every
+// connection is closed when the test ends. It returns the address to
+// connect to.
+func Forward(t testing.TB, to string, pipe func(client, server net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Records{Addr: ln.Addr().String()}
+	var mu sync.Mutex
+	var conns []net.Conn
 	t.Cleanup(func() {
 		ln.Close()
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		for _, f := range r.stop {
-			f()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
 		}
 	})
 	go func() {
@@ -48,14 +62,13 @@ func ForwardRecords(t testing.TB, to string) *Records {
 				c.Close()
 				continue
 			}
-			r.mu.Lock()
-			r.stop = append(r.stop, func() { c.Close(); s.Close() })
-			r.mu.Unlock()
-			go io.Copy(c, s)
-			go r.parse(io.TeeReader(c, s))
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			pipe(c, s)
 		}
 	}()
-	return r
+	return ln.Addr().String()
 }
 
 func (r *Records) parse(rd io.Reader) {

@@ -59,15 +59,7 @@ func TestExchangeWithBrokerOverEachTransport(t *testing.T) {
 				if err := ws.Write(ctx, websocket.MessageBinary, msg); err != nil {
 					t.Fatal(err)
 				}
-				var got []byte
-				for len(got) < len(msg) {
-					_, data, err := ws.Read(ctx)
-					if err != nil {
-						t.Fatalf("client read: %v", err)
-					}
-					got = append(got, data...)
-				}
-				if !bytes.Equal(got, msg) {
+				if got := readBytes(ctx, t, ws, len(msg)); !bytes.Equal(got, msg) {
 					t.Fatalf("echo of %d bytes came back as %d different bytes", len(msg), len(got))
 				}
 			}
@@ -102,15 +94,7 @@ func TestDownloadLeavesInFullTLSRecords(t *testing.T) {
 		big[i] = byte(i * 7)
 	}
 	go st.Write(big)
-	var got []byte
-	for len(got) < len(big) {
-		_, data, err := ws.Read(ctx)
-		if err != nil {
-			t.Fatalf("client read: %v", err)
-		}
-		got = append(got, data...)
-	}
-	if !bytes.Equal(got, big) {
+	if got := readBytes(ctx, t, ws, len(big)); !bytes.Equal(got, big) {
 		t.Fatalf("%d bytes sent, %d different bytes received", len(big), len(got))
 	}
 	n, maxRec := rec.Seen()
@@ -138,4 +122,18 @@ func bootstrapStream(t *testing.T, c *Connector, rb *realBroker) (*websocket.Con
 		t.Fatalf("client: %v", err)
 	}
 	return ws, accept(t, c)
+}
+
+// readBytes reads the client's messages until at least n bytes came.
+func readBytes(ctx context.Context, t *testing.T, ws *websocket.Conn, n int) []byte {
+	t.Helper()
+	var got []byte
+	for len(got) < n {
+		_, data, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatalf("client read: %v", err)
+		}
+		got = append(got, data...)
+	}
+	return got
 }

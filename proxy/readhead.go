@@ -5,6 +5,10 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"net/textproto"
+	"strconv"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // The direct path's upstream answer parser. http.ReadResponse builds a
@@ -42,7 +46,7 @@ const maxKeptHeaderKeys = 32
 // readResponse reads the answer's head from br: itself when the answer is
 // in its subset (see above), else with http.ReadResponse.
 func readResponse(br *bufio.Reader, req *http.Request, rs *responseSlot) (*http.Response, error) {
-	if rs == nil || req.Method == http.MethodHead {
+	if req.Method == http.MethodHead {
 		return http.ReadResponse(br, req)
 	}
 	if _, err := br.Peek(1); err != nil {
@@ -121,30 +125,20 @@ func (rs *responseSlot) parse(head []byte, req *http.Request) bool {
 				return false
 			}
 		}
-		for vstart < vend && (head[vstart] == ' ' || head[vstart] == '\t') {
-			vstart++
-		}
-		for vend > vstart && (head[vend-1] == ' ' || head[vend-1] == '\t') {
-			vend--
-		}
-		value := s[vstart:vend]
+		value := textproto.TrimString(s[vstart:vend]) // no CR or LF is left to trim
+
 		switch key {
 		case "Connection", "Transfer-Encoding", "Trailer", "Pragma":
 			return false
 		case "Content-Length":
-			if length >= 0 || len(value) == 0 || len(value) > 18 {
+			// As net/http's parseContentLength: digits only, below 2^63.
+			n, err := strconv.ParseUint(value, 10, 63)
+			if length >= 0 || err != nil {
 				return false
 			}
-			length = 0
-			for i := 0; i < len(value); i++ {
-				c := value[i]
-				if c < '0' || c > '9' {
-					return false
-				}
-				length = length*10 + int64(c-'0')
-			}
+			length = int64(n)
 		}
-		if vv := h[key]; vv == nil && len(strs) > 0 {
+		if vv := h[key]; vv == nil { // strs has one entry per line: never short
 			vv, strs = strs[:1:1], strs[1:]
 			vv[0] = value
 			h[key] = vv
@@ -225,12 +219,7 @@ var commonKeys = func() map[string]string {
 // is left to it).
 var tokenByte, fieldValueByte = func() (t, v [256]bool) {
 	for c := 0; c < 256; c++ {
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-			t[c] = true
-		case c < 0x80 && bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), byte(c)) >= 0:
-			t[c] = true
-		}
+		t[c] = c < 0x80 && httpguts.IsTokenRune(rune(c))
 		v[c] = c == '\t' || (0x20 <= c && c < 0x7f)
 	}
 	return

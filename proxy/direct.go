@@ -78,9 +78,10 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 	ex := exchangePool.Get().(*directExchange)
 	pooled := true
 	defer func() {
+		// Normally done already; not after a panic (an event stream's
+		// exchange too: it must not stay listed).
+		f.pool.gone.done(&ex.wait)
 		if pooled {
-			// Normally done already; not after a panic.
-			f.pool.gone.done(&ex.wait)
 			*ex = directExchange{slot: responseSlot{hdr: ex.slot.hdr}}
 			exchangePool.Put(ex)
 		}
@@ -140,11 +141,6 @@ func (f *forwarder) direct(w http.ResponseWriter, r *http.Request, rawTail, rawQ
 		// take the ReverseProxy path.
 		b.Close()
 		f.fail(w, r, errors.New("upstream switched protocols unasked"))
-		return
-	}
-	if resp.StatusCode < 100 {
-		b.Close()
-		f.fail(w, r, errBadStatus)
 		return
 	}
 	policy.StripHopByHop(resp.Header) // as ReverseProxy does on the other path
@@ -266,7 +262,13 @@ func (f *forwarder) roundTrip(w http.ResponseWriter, pc *upConn, out *http.Reque
 			}
 			return nil, err
 		}
-		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
+		if resp.StatusCode < 100 {
+			// http.ReadResponse takes any three digits; no status below
+			// 100 can be relayed (WriteHeader panics on it). The answer
+			// has begun, so the exchange is not tried again.
+			return nil, errBadStatus
+		}
+		if resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
 			pc.limit = math.MaxInt64
 			return resp, nil
 		}

@@ -197,10 +197,10 @@ func (f *forwarder) rewrite(pr *httputil.ProxyRequest) {
 func (f *forwarder) modifyResponse(resp *http.Response) error {
 	ex := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	f.s.metrics.UpstreamLatency(f.ns.String(), time.Since(ex.start))
-	f.responseHead(resp)
 	if resp.StatusCode < 100 {
-		return errBadStatus
+		return errBadStatus // before any policy runs on an answer that is dropped
 	}
+	f.responseHead(resp)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The body is the upgraded connection; no totals apply.
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {

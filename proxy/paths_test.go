@@ -162,6 +162,37 @@ func TestBothPathsApplyTheResponseHeaderPolicy(t *testing.T) {
 	}
 }
 
+// The same hop-by-hop response headers on the common answer (a
+// Content-Length and no Connection header), the one the direct path
+// parses itself rather than with http.ReadResponse: none reaches the
+// client on either path (secure-link.md, response headers).
+func TestBothPathsDropHopByHopHeadersOfTheCommonAnswer(t *testing.T) {
+	for _, p := range forwardPaths {
+		t.Run(p.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.api.handle(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				w.Header().Set("Keep-Alive", "timeout=5")
+				w.Header().Set("Proxy-Authenticate", "Basic")
+				w.Header().Set("Upgrade", "h2c")
+				w.Header().Set("X-Upstream-Kept", "yes")
+				w.Header().Set("Content-Length", "2")
+				io.WriteString(w, "ok")
+			})
+			resp, body := h.do(p.request(t, h, "/api/x"))
+			wantStatus(t, p.name, resp, http.StatusOK)
+			for _, name := range []string{"Keep-Alive", "Proxy-Authenticate", "Upgrade"} {
+				if v := resp.Header.Values(name); len(v) != 0 {
+					t.Errorf("client received %s: %q", name, v)
+				}
+			}
+			if resp.Header.Get("X-Upstream-Kept") != "yes" || string(body) != "ok" {
+				t.Errorf("the answer itself: X-Upstream-Kept %q, body %q", resp.Header.Get("X-Upstream-Kept"), body)
+			}
+		})
+	}
+}
+
 func TestBothPathsLimitResponses(t *testing.T) {
 	for _, p := range forwardPaths {
 		t.Run(p.name, func(t *testing.T) {

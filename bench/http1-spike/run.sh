@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make bench-http1`: server CPU per small GET (wrk -t1 -c32, HTTP/1.1
 # keep-alive, 100-byte /api/small) of the front, nginx, fasthttp as a
-# reverse proxy, and fasthttp and net/http answering the 100 bytes
-# themselves: what serving HTTP/1.1 outside net/http could win
+# reverse proxy, and fasthttp, net/http and nginx answering the 100 bytes
+# themselves (a proxy minus its own server answering alone is its upstream
+# leg): what serving HTTP/1.1 outside net/http could win
 # (docs/decisions.md). Servers on core 0, wrk and the upstream on core 1,
 # interleaved rounds, medians. Needs `make build`, wrk, nginx, openssl.
 set -euo pipefail
@@ -33,6 +34,7 @@ taskset -c 0 "$FRONT" serve --config "$W/front.yaml" >/dev/null 2>"$W/front.log"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$W/nginx/key.pem" \
 	-out "$W/nginx/cert.pem" -days 1 -subj /CN=http1-spike >/dev/null 2>&1
 N=$W/nginx
+BODY100=$(printf 'x%.0s' $(seq 100)) # nginx answering the same 100 bytes itself
 cat >"$N/nginx.conf" <<C
 worker_processes 1; pid $N/nginx.pid; error_log $N/error.log warn;
 events { worker_connections 8192; }
@@ -45,6 +47,7 @@ http {
     listen 127.0.0.1:$P_NGINX ssl; ssl_certificate $N/cert.pem; ssl_certificate_key $N/key.pem;
     ssl_protocols TLSv1.2 TLSv1.3; ssl_ecdh_curve X25519:prime256v1;
     location /api/ { proxy_pass http://hermes/; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
+    location = /static/small { default_type application/octet-stream; return 200 "$BODY100"; }
   }
 }
 C
@@ -56,14 +59,15 @@ for p in "$P_FRONT" "$P_NGINX" "$P_FHPROXY" "$P_FHSTATIC" "$P_NHSTATIC"; do "$LG
 
 # cpu_us PID: utime+stime of PID and its descendants (nginx's worker), µs
 cpu_us() { "$LG" proc -pids "$1" | tr ' ' '\n' | sed -n 's/^cpu_us=//p'; }
-names=(front nginx fasthttp-proxy fasthttp-static nethttp-static)
-ports=("$P_FRONT" "$P_NGINX" "$P_FHPROXY" "$P_FHSTATIC" "$P_NHSTATIC")
-pids=("$PID_FRONT" "$PID_NGINX" "$PID_FHPROXY" "$PID_FHSTATIC" "$PID_NHSTATIC")
+names=(front nginx fasthttp-proxy fasthttp-static nethttp-static nginx-static)
+ports=("$P_FRONT" "$P_NGINX" "$P_FHPROXY" "$P_FHSTATIC" "$P_NHSTATIC" "$P_NGINX")
+paths=(/api/small /api/small /api/small /api/small /api/small /static/small)
+pids=("$PID_FRONT" "$PID_NGINX" "$PID_FHPROXY" "$PID_FHSTATIC" "$PID_NHSTATIC" "$PID_NGINX")
 declare -A got
 echo "http1-spike — $(date -u +%FT%TZ), $ROUNDS round(s) of ${DUR}s, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do
 	for i in "${!names[@]}"; do
-		u="https://127.0.0.1:${ports[$i]}/api/small"
+		u="https://127.0.0.1:${ports[$i]}${paths[$i]}"
 		taskset -c 1 wrk -t1 -c32 -d1s "$u" >/dev/null
 		c0=$(cpu_us "${pids[$i]}")
 		out=$(taskset -c 1 wrk -t1 -c32 -d"${DUR}s" "$u")

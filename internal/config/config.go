@@ -326,15 +326,18 @@ func NormalizeHost(s string) (string, error) { return pinning.NormalizeHost(s) }
 // allowRemote, a private-network address), no user info, query or fragment.
 // A trailing slash on the path is removed so tails join cleanly.
 func ParseUpstream(raw string, allowRemote bool) (*url.URL, error) {
+	// The value is quoted back only once it is known to hold no user
+	// info, query or fragment: an operator who pasted a credential into
+	// the URL must not find it in the start error or doctor's output.
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%q is not a URL", raw)
+		return nil, errors.New("is not a URL (the value is not repeated: it may hold a credential)")
+	}
+	if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Opaque != "" {
+		return nil, fmt.Errorf("%q must not carry user info, a query or a fragment", (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String())
 	}
 	if u.Scheme != "http" {
 		return nil, fmt.Errorf("%q must be an http:// URL of a loopback service", raw)
-	}
-	if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Opaque != "" {
-		return nil, fmt.Errorf("%q must not carry user info, a query or a fragment", raw)
 	}
 	host := u.Hostname()
 	if host == "" {

@@ -251,3 +251,30 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// An upstream URL is quoted back in the start error and doctor's output
+// only without what may be a credential: user info, a query, or a value
+// that does not parse at all.
+func TestUpstreamErrorsDoNotRepeatCredentials(t *testing.T) {
+	for _, raw := range []string{
+		"http://hermes:S3CRETVALUE@127.0.0.1:8642",
+		"http://S3CRETVALUE@127.0.0.1:8642",
+		"https://user:S3CRETVALUE@127.0.0.1:8642",
+		"http://127.0.0.1:8642/?key=S3CRETVALUE",
+		"http://127.0.0.1:8642/#S3CRETVALUE",
+		"http://user:S3CRETVALUE%zz@127.0.0.1:8642",
+	} {
+		_, err := ParseUpstream(raw, false)
+		if err == nil {
+			t.Errorf("%s accepted", raw)
+			continue
+		}
+		if strings.Contains(err.Error(), "S3CRETVALUE") {
+			t.Errorf("error repeats the credential: %v", err)
+		}
+		_, err = Parse("c.yaml", []byte("upstreams:\n  api: \""+raw+"\"\n"))
+		if err == nil || strings.Contains(err.Error(), "S3CRETVALUE") || !strings.Contains(err.Error(), "upstreams.api") {
+			t.Errorf("config error for %s: %v", raw, err)
+		}
+	}
+}

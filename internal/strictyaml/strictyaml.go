@@ -9,33 +9,25 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
 )
 
 // MaxFileBytes bounds a configuration file: a larger one is not something
 // anyone wrote by hand.
 const MaxFileBytes = 1 << 20
 
-// ReadFile reads a configuration file of at most MaxFileBytes.
+// ReadFile reads a configuration file of at most MaxFileBytes. It must be a
+// regular file: a FIFO or a device named as the configuration would hang
+// the start or be read without end.
 func ReadFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, MaxFileBytes)
-	}
-	return data, nil
+	data, _, err := atomicfile.ReadPrivate(path, MaxFileBytes, 0)
+	return data, err
 }
 
 // Source is where a decoded configuration came from: its name and the line
@@ -50,9 +42,20 @@ type Source struct {
 // mapping; an empty document leaves v unchanged.
 func Decode(name string, data []byte, v any) (*Source, error) {
 	src := &Source{Name: name, lines: map[string]int{}}
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	docs := yaml.NewDecoder(bytes.NewReader(data))
+	var root, next yaml.Node
+	if err := docs.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	// yaml.v3 decodes the first document and stops: keys in a second one
+	// (after a "---") would be dropped without a word, which is the silent
+	// typo this package exists to refuse.
+	switch err := docs.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, fmt.Errorf("%s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	default:
+		return nil, fmt.Errorf("%s:%d: a second YAML document (after \"---\"): the configuration is one document", name, next.Line)
 	}
 	if len(root.Content) == 0 {
 		return src, nil

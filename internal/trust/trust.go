@@ -7,7 +7,8 @@ package trust
 import (
 	"crypto/x509"
 	"fmt"
-	"os"
+
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
 )
 
 // maxCAFile bounds the CA file read.
@@ -23,14 +24,11 @@ func BrokerRoots(caFile string) (*x509.CertPool, error) {
 	if caFile == "" {
 		return pool, nil
 	}
-	fi, err := os.Stat(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("CA file: %w", err)
-	}
-	if fi.Size() > maxCAFile {
-		return nil, fmt.Errorf("CA file %s is larger than %d bytes", caFile, maxCAFile)
-	}
-	pem, err := os.ReadFile(caFile)
+	// ReadPrivate refuses what is not a regular file and stops at the
+	// bound while reading, so a FIFO cannot hang a start and a file that
+	// grows after a stat is not read whole. The CA file is public: no mode
+	// is refused.
+	pem, _, err := atomicfile.ReadPrivate(caFile, maxCAFile, 0)
 	if err != nil {
 		return nil, fmt.Errorf("CA file: %w", err)
 	}

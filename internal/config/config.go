@@ -18,6 +18,7 @@ import (
 
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/acme"
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
 	"github.com/hermes-securelink/securelink/internal/loopback"
 	"github.com/hermes-securelink/securelink/internal/strictyaml"
 	"github.com/hermes-securelink/securelink/pinning"
@@ -281,16 +282,31 @@ func (c *Config) validateACME() error {
 }
 
 // CheckFiles reads the files the configuration names beyond what Validate
-// checks: in acme mode the DNS credentials (0600) and the CA root. Errors
-// name file:line. serve runs it at start and on reload, doctor with its
-// checks.
+// checks: in acme mode the DNS credentials (0600) and the CA root, and the
+// secrets serve refuses to start without — relay.proxy_secret_file when set,
+// reach.host_token_file when Reach is on — with the same reader and rules
+// serve uses, so doctor cannot pass a setup serve then refuses. Errors name
+// file:line and never a secret. serve runs it at start and on reload in acme
+// mode and reads the secrets itself; doctor runs it with its checks.
 func (c *Config) CheckFiles() error {
-	if c.TLS.Mode != "acme" {
-		return nil
-	}
 	var errs []error
-	for _, e := range c.TLS.ACME.CheckFiles() {
-		errs = append(errs, c.Errorf("tls.acme."+e.Key, "%v", e.Err))
+	if c.Relay.ProxySecretFile != "" {
+		if _, err := atomicfile.ReadSecret(c.Relay.ProxySecretFile); err != nil {
+			errs = append(errs, c.Errorf("relay.proxy_secret_file", "%v", err))
+		}
+	}
+	if c.Reach.Enabled && c.Reach.HostTokenFile != "" {
+		switch tok, err := atomicfile.ReadSecret(c.Reach.HostTokenFile); {
+		case err != nil:
+			errs = append(errs, c.Errorf("reach.host_token_file", "%v", err))
+		case !wire.ValidWireToken(tok):
+			errs = append(errs, c.Errorf("reach.host_token_file", "the token must be %d..%d characters", wire.MinWireToken, wire.MaxWireToken))
+		}
+	}
+	if c.TLS.Mode == "acme" {
+		for _, e := range c.TLS.ACME.CheckFiles() {
+			errs = append(errs, c.Errorf("tls.acme."+e.Key, "%v", e.Err))
+		}
 	}
 	return errors.Join(errs...)
 }

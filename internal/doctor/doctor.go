@@ -20,6 +20,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/config"
@@ -122,6 +123,9 @@ func Run(ctx context.Context, cfg *config.Config, cfgErr error, stateDir string,
 	}
 	checkUpstreams(ctx, cfg, o, add)
 	st := checkDaemon(ctx, cfg, stateDir, localPin, o, add)
+	if cfg.Reach.Enabled && st != nil {
+		checkConnector(st.Reach, add)
+	}
 	if cfg.TLS.Mode == pinning.ModeACME {
 		checkACME(cfg, stateDir, auth, idOK, st, o, add)
 	}
@@ -384,6 +388,30 @@ func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin str
 	}
 	add(Result{"daemon", OK, "running at " + st.Authority + ", admin socket " + sock, ""})
 	return &st
+}
+
+// checkConnector reads the running connector's state from the daemon: the
+// broker checks below only show that the broker answers, while a host it
+// refuses (a wrong token or host id) waits ten minutes per attempt with
+// every one of those checks passing.
+func checkConnector(r connector.Status, add func(Result)) {
+	const check = "reach connector"
+	switch {
+	case !r.Enabled:
+		add(Result{check, Warn, "reach.enabled is true but the running daemon does not run Reach",
+			"reload it (systemctl reload securelink)"})
+	case r.PermanentError != "":
+		add(Result{check, Fail, "the broker refuses this host: " + r.PermanentError + " (the connector waits 10 minutes between attempts)",
+			"check reach.host_id and reach.host_token_file against what `securelink broker add-host` printed for this host"})
+	case !r.Ready:
+		d := "not registered (" + r.State
+		if r.LastError != "" {
+			d += ", last error " + r.LastError
+		}
+		add(Result{check, Warn, d + ")", "see the reach checks below and `securelink status`"})
+	default:
+		add(Result{check, OK, "registered with the broker", ""})
+	}
 }
 
 // redact shows an upstream as scheme://host:port only.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/internal/admin"
 	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/pinning"
@@ -33,6 +34,8 @@ type fixture struct {
 	stateDir string
 	gate     string
 	date     time.Time
+	// reach is what the daemon-like socket reports for its connector.
+	reach connector.Status
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -86,7 +89,7 @@ func (f *fixture) serveAdmin(t *testing.T, pin string) {
 		t.Fatal(err)
 	}
 	s.HandleJSON("GET /status", func(*http.Request) (any, int, error) {
-		return map[string]string{"pin_sha256": pin, "authority": "127.0.0.1:9443"}, 0, nil
+		return map[string]any{"pin_sha256": pin, "authority": "127.0.0.1:9443", "reach": f.reach}, 0, nil
 	})
 	go s.Serve()
 	t.Cleanup(func() { s.Close() })
@@ -249,13 +252,18 @@ func brokerFixture(t *testing.T, f *fixture, health string) {
 	f.cfg.Reach.Enabled = true
 	f.cfg.Reach.BrokerURL = "wss://" + srv.Listener.Addr().String() + "/v1/connect"
 	f.cfg.Reach.CAFile = ca
+	f.cfg.Reach.HostTokenFile = filepath.Join(t.TempDir(), "host-token")
+	if err := os.WriteFile(f.cfg.Reach.HostTokenFile, []byte(strings.Repeat("t", 43)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.reach = connector.Status{Enabled: true, State: "connected", Ready: true, Live: true}
 }
 
 func TestBrokerHealthy(t *testing.T) {
 	f := newFixture(t)
 	brokerFixture(t, f, `{"ok":true,"service":"hermes_reach","protocol_version":1,"hosts_online":0,"active_streams":0}`)
 	rs := f.run(t)
-	for _, c := range []string{"reach dns", "reach tls", "reach broker"} {
+	for _, c := range []string{"config", "reach connector", "reach dns", "reach tls", "reach broker"} {
 		if r := find(t, rs, c); r.Status != OK {
 			t.Errorf("%s: %+v", c, r)
 		}
@@ -286,5 +294,70 @@ func TestBrokerUntrustedOrNotReach(t *testing.T) {
 	r = find(t, f.run(t), "reach tls")
 	if r.Status != Fail || !strings.Contains(r.Fix, "reach.ca_file") {
 		t.Fatalf("untrusted broker: %+v", r)
+	}
+}
+
+// doctor reads the secrets serve refuses to start without, with serve's
+// rules: a setup doctor passes must not be one serve refuses.
+func TestDoctorReadsTheSecretsServeNeeds(t *testing.T) {
+	f := newFixture(t)
+	brokerFixture(t, f, `{"ok":true,"service":"hermes_reach","protocol_version":1}`)
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := strings.Repeat("s", 43)
+	for name, c := range map[string]struct {
+		token, proxySecret, want string
+	}{
+		"missing token":         {filepath.Join(dir, "nosuch"), "", "reach.host_token_file"},
+		"token others can read": {write("loose", good, 0o604), "", "reach.host_token_file"},
+		"short token":           {write("short", "abc", 0o600), "", "the token must be 32..512 characters"},
+		"empty token":           {write("empty", "\n", 0o600), "", "reach.host_token_file"},
+		"proxy secret loose":    {write("tok", good, 0o600), write("proxy", good, 0o644), "relay.proxy_secret_file"},
+	} {
+		f.cfg.Reach.HostTokenFile, f.cfg.Relay.ProxySecretFile = c.token, c.proxySecret
+		r := find(t, f.run(t), "config")
+		if r.Status != Fail || !strings.Contains(r.Detail, c.want) || strings.Contains(r.Detail, good) {
+			t.Errorf("%s: %+v", name, r)
+		}
+	}
+	f.cfg.Reach.HostTokenFile, f.cfg.Relay.ProxySecretFile = write("tok2", good+"\n", 0o600), write("proxy2", good, 0o600)
+	if r := find(t, f.run(t), "config"); r.Status != OK {
+		t.Fatalf("good secrets: %+v", r)
+	}
+}
+
+// The broker answering is not the host being registered: a host the broker
+// refuses waits ten minutes per attempt while every broker check passes.
+func TestDoctorReportsTheConnectorState(t *testing.T) {
+	f := newFixture(t)
+	brokerFixture(t, f, `{"ok":true,"service":"hermes_reach","protocol_version":1}`)
+	for _, c := range []struct {
+		st   connector.Status
+		want Status
+		text string
+	}{
+		{connector.Status{Enabled: true, State: "backoff", Live: true, LastError: "unauthorized", PermanentError: "unauthorized"}, Fail, "refuses this host: unauthorized"},
+		{connector.Status{Enabled: true, State: "backoff", Live: true, LastError: "tls"}, Warn, "last error tls"},
+		{connector.Status{}, Warn, "does not run Reach"},
+		{connector.Status{Enabled: true, State: "connected", Ready: true, Live: true}, OK, "registered"},
+	} {
+		f.reach = c.st
+		rs := f.run(t)
+		r := find(t, rs, "reach connector")
+		if r.Status != c.want || !strings.Contains(r.Detail, c.text) {
+			t.Errorf("%+v: got %+v", c.st, r)
+		}
+		if c.want == Fail && !Failed(rs) {
+			t.Errorf("%+v: doctor did not fail", c.st)
+		}
 	}
 }

@@ -60,10 +60,23 @@ func CheckWriter(dir string) error {
 // root, the file is given the owner of the file it replaces (or of its
 // directory) before the rename, so it is never visible with the wrong owner.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := CheckWriter(dir); err != nil {
+	if err := CheckWriter(filepath.Dir(path)); err != nil {
 		return err
 	}
+	return write(path, data, perm)
+}
+
+// WriteOutput is WriteFile for a file the caller named on the command line
+// (`pair --png FILE`): written the same way, but in any directory the caller
+// may write, such as /tmp. CheckWriter's rule is for the state directory and
+// the files the configuration names, where a file the service cannot read
+// breaks the service; an output file is the caller's own.
+func WriteOutput(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm)
+}
+
+func write(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
 	owner, err := targetOwner(path)
 	if err != nil {
 		return err

@@ -147,5 +147,5 @@ func WritePNG(path string, payload []byte) error {
 	if err != nil {
 		return fmt.Errorf("QR PNG: %w", err)
 	}
-	return atomicfile.WriteFile(path, img, 0o600)
+	return atomicfile.WriteOutput(path, img, 0o600)
 }

@@ -3,17 +3,22 @@ package pairing
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/makiuchi-d/gozxing"
 	zxqr "github.com/makiuchi-d/gozxing/qrcode"
+
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
 )
 
 // realisticPayload is a signed payload with a plugin_proxy candidate built
@@ -248,5 +253,60 @@ func TestFullPairingPayloadFitsQR(t *testing.T) {
 	}
 	if got := decodePNGFile(t, path); !bytes.Equal(got, payload) {
 		t.Fatal("the full pairing QR does not decode to its payload")
+	}
+}
+
+// `pair --png /tmp/qr.png` run as the service user: the PNG is the
+// caller's own output, so a shared directory it does not own (/tmp, root's,
+// sticky) must take it. Run as root, the write happens in a child process
+// as nobody, since root passes every owner check.
+func TestWritePNGIntoASharedDirectory(t *testing.T) {
+	if out := os.Getenv("SECURELINK_TEST_PNG_OUT"); out != "" {
+		if err := WritePNG(out, []byte("HERMES-PAIR test payload")); err != nil {
+			fmt.Fprintln(os.Stderr, "write:", err)
+			os.Exit(3)
+		}
+		return
+	}
+	shared := os.TempDir()
+	if o, err := atomicfile.OwnerOf(shared); err != nil || (o.UID == os.Geteuid() && os.Geteuid() != 0) {
+		t.Skipf("%s is the caller's own directory: no shared directory to write into", shared)
+	}
+	out := filepath.Join(shared, fmt.Sprintf("securelink-qr-test-%d.png", os.Getpid()))
+	t.Cleanup(func() { os.Remove(out) })
+	bin := os.Args[0]
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		// nobody cannot reach the go-build directory: run a copy.
+		dir, err := os.MkdirTemp("", "securelink-qr-test-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		exe, err := os.ReadFile(os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin = filepath.Join(dir, "pairing.test")
+		if err := os.WriteFile(bin, exe, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cred = &syscall.Credential{Uid: 65534, Gid: 65534}
+	}
+	cmd := exec.Command(bin, "-test.run=^TestWritePNGIntoASharedDirectory$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SECURELINK_TEST_PNG_OUT="+out)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pair --png into %s refused: %v\n%s", shared, err, b)
+	}
+	fi, err := os.Stat(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("PNG mode %04o, want 0600", fi.Mode().Perm())
 	}
 }

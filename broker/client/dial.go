@@ -129,6 +129,9 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 	ws, resp, err := websocket.Dial(dctx, u.String(), &websocket.DialOptions{
 		HTTPClient:      hc,
 		CompressionMode: websocket.CompressionDisabled,
+		// A broker that stops reading and floods pings must not grow the
+		// batch by a pong per ping (msgconn.BatchConn.OnPing).
+		OnPingReceived: func(ctx context.Context, p []byte) bool { return batch.OnPing(ctx, p) },
 	})
 	cancel()
 	if err != nil {

@@ -148,6 +148,9 @@ func (c *Connector) dialWebSocket(ctx context.Context) (msgconn.Conn, *http.Resp
 	ws, resp, err := websocket.Dial(context.WithValue(ctx, batchSlot{}, slot), c.cfg.BrokerURL, &websocket.DialOptions{
 		HTTPClient:      c.client,
 		CompressionMode: websocket.CompressionDisabled,
+		// A broker that stops reading and floods pings must not grow the
+		// batch by a pong per ping (msgconn.BatchConn.OnPing).
+		OnPingReceived: func(ctx context.Context, p []byte) bool { return slot.bc.OnPing(ctx, p) },
 	})
 	if err != nil {
 		return nil, resp, err

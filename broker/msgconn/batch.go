@@ -1,6 +1,7 @@
 package msgconn
 
 import (
+	"context"
 	"net"
 	"sync"
 	"time"
@@ -167,7 +168,9 @@ func (b *BatchConn) sockWrite(p []byte) (int, error) {
 // Write sends p at once while nothing is held; otherwise it joins the batch
 // (and writes the batch once it passes 256 KiB). A write that finds a
 // batch leaving joins the next round of it and returns at once, so a
-// close alert never waits behind a stuck batch.
+// close alert never waits behind a stuck batch; what bounds that round is
+// that pongs, the one write a peer can call for at will, wait before they
+// are written (awaitRoom).
 func (b *BatchConn) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -191,6 +194,51 @@ func (b *BatchConn) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// pongBacklog is how many bytes may wait for the next round of a running
+// flush before a pong (answerPing) waits for that round to leave: writes
+// that arrive during a flush return at once so that a close alert never
+// waits behind a stuck batch, which let a peer that stops reading and
+// sends pings grow the batch by a pong per ping without end.
+const pongBacklog = 4 << 10
+
+// awaitRoom waits while a flush is running here or in the BatchConn under
+// this one and pongBacklog bytes already wait for its next round; false
+// when ctx ended first. It takes no lock a writer holds (TLS's included),
+// so Close still ends the stuck flush and with it the wait.
+func (b *BatchConn) awaitRoom(ctx context.Context) bool {
+	b.mu.Lock()
+	if b.crowded() {
+		stop := context.AfterFunc(ctx, func() {
+			b.mu.Lock()
+			b.cond.Broadcast()
+			b.mu.Unlock()
+		})
+		for b.crowded() && ctx.Err() == nil {
+			b.cond.Wait()
+		}
+		stop()
+	}
+	b.mu.Unlock()
+	if ctx.Err() != nil {
+		return false
+	}
+	return b.under == nil || b.under.awaitRoom(ctx)
+}
+
+// OnPing is for the OnPingReceived option of a socket dialed with
+// websocket.Dial whose writes go through b (the library answers the pings
+// of such a socket itself): the answer waits as answerPing's does, and a
+// ping whose 5 s pass behind a stuck batch goes unanswered. A nil b (a
+// socket that got none) answers at once.
+func (b *BatchConn) OnPing(ctx context.Context, _ []byte) bool {
+	return b == nil || b.awaitRoom(ctx)
+}
+
+// crowded (b.mu held): a flush is running and its next round is full.
+func (b *BatchConn) crowded() bool {
+	return b.flushing && b.err == nil && b.buf != nil && len(*b.buf) >= pongBacklog
 }
 
 // NewBatchConnAbove wraps tc, a TLS connection over under, so that a
@@ -258,6 +306,7 @@ func (b *BatchConn) flushLocked() error {
 		bp := b.buf
 		b.buf = nil
 		b.flushing = true
+		b.cond.Broadcast() // the next round is empty again (awaitRoom)
 		b.mu.Unlock()
 		_, err := b.sockWrite(*bp)
 		putBatch(bp)

@@ -1,9 +1,13 @@
 package msgconn
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -477,5 +481,175 @@ func TestBatchConnAboveTLSUsesTheConnection(t *testing.T) {
 	}
 	if sc.Writes.Load() == 0 || sc.Reads.Load() == 0 {
 		t.Fatalf("%d writes and %d reads through the wrapped connection: the BatchConn above TLS made raw system calls", sc.Writes.Load(), sc.Reads.Load())
+	}
+}
+
+// A peer that stops reading while it sends pings must not grow the batch
+// by a pong per ping: writes that arrive during a stuck flush return at
+// once (TLS's close alert must not wait), so before the bound the pongs
+// piled up in memory, ~6 bytes per 2-byte ping, until the write timeout.
+// Both ways a socket answers pings: Accept's (answerPing) and a dialed
+// socket's with OnPing.
+func TestPingFloodDuringAStuckBatchIsBounded(t *testing.T) {
+	t.Run("accepted", func(t *testing.T) {
+		l := listenTCP(t)
+		type side struct {
+			w  *WebSocket
+			bc *BatchConn
+		}
+		got := make(chan side, 1)
+		srv := &http.Server{
+			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+				return context.WithValue(ctx, batchKey{}, c)
+			},
+			Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				w, err := Accept(rw, r, nil, "peer")
+				if err != nil {
+					return
+				}
+				bc := r.Context().Value(batchKey{}).(*BatchConn)
+				w.SetBatch(bc)
+				got <- side{w, bc}
+				<-r.Context().Done()
+			}),
+		}
+		go srv.Serve(batchListener{l})
+		t.Cleanup(func() { srv.Close() })
+		peer, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer peer.Close()
+		fmt.Fprintf(peer, "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+		res, err := http.ReadResponse(bufio.NewReader(peer), nil)
+		if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade: %v %v", res, err)
+		}
+		s := <-got
+		done := make(chan struct{})
+		// Masked empty pings, as a client sends them.
+		stuckBatchStaysBounded(t, s.w, s.bc, done, func() { floodPings(peer, []byte{0x89, 0x80, 1, 2, 3, 4}, done) })
+	})
+	t.Run("dialed", func(t *testing.T) {
+		l := listenTCP(t)
+		peer := make(chan net.Conn, 1)
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				close(peer)
+				return
+			}
+			req, err := http.ReadRequest(bufio.NewReader(c))
+			if err != nil {
+				c.Close()
+				close(peer)
+				return
+			}
+			sum := sha1.Sum([]byte(req.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+			fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
+			peer <- c
+		}()
+		raw, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		bc := NewBatchConn(raw)
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return bc, nil }}}
+		ws, _, err := websocket.Dial(context.Background(), "ws://"+l.Addr().String()+"/", &websocket.DialOptions{HTTPClient: hc, OnPingReceived: bc.OnPing})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := <-peer
+		if c == nil {
+			t.Fatal("no upgrade")
+		}
+		defer c.Close()
+		w := FromWebSocket(ws, "peer")
+		w.SetBatch(bc)
+		done := make(chan struct{})
+		stuckBatchStaysBounded(t, w, bc, done, func() { floodPings(c, []byte{0x89, 0x00}, done) })
+	})
+}
+
+type batchKey struct{}
+
+// batchListener hands every accepted connection out as a BatchConn, as the
+// broker's listener does.
+type batchListener struct{ net.Listener }
+
+func (l batchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return NewBatchConn(c), nil
+}
+
+func listenTCP(t *testing.T) net.Listener {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// floodPings is the peer: it writes ping frames, never reading, as fast as
+// the socket takes them (at most 2M, or until a write waits 2 s).
+func floodPings(peer net.Conn, ping []byte, done chan<- struct{}) {
+	defer close(done)
+	chunk := bytes.Repeat(ping, 64<<10/len(ping))
+	for i := 0; i < 64; i++ {
+		peer.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		if _, err := peer.Write(chunk); err != nil {
+			return
+		}
+	}
+}
+
+// stuckBatchStaysBounded is the side under test: it reads (answering the
+// pings) and writes 200 KiB messages, each held and released after the
+// library's write, until a Release is stuck on the peer that never reads;
+// then flood runs, and once it ended the bytes waiting in bc are checked.
+func stuckBatchStaysBounded(t *testing.T, w *WebSocket, bc *BatchConn, done <-chan struct{}, flood func()) {
+	t.Helper()
+	defer w.CloseNow()
+	go func() {
+		for {
+			if _, _, err := w.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		msg := make([]byte, 200<<10) // below the batch limit: the flush runs in Release
+		for w.Write(context.Background(), Binary, msg) == nil {
+		}
+	}()
+	waitUntil(t, func() bool {
+		bc.mu.Lock()
+		defer bc.mu.Unlock()
+		return bc.flushing
+	})
+	go flood()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the peer's pings did not end")
+	}
+	time.Sleep(500 * time.Millisecond) // the reader answers what arrived
+	bc.mu.Lock()
+	var queued int
+	if bc.buf != nil {
+		queued = len(*bc.buf)
+	}
+	flushing := bc.flushing
+	bc.mu.Unlock()
+	t.Logf("%d bytes wait behind the stuck batch", queued)
+	if !flushing {
+		t.Fatal("the batch is no longer stuck: the peer read")
+	}
+	if queued > 64<<10 {
+		t.Fatalf("%d bytes of pongs gathered behind a stuck batch: unbounded", queued)
 	}
 }

@@ -145,6 +145,12 @@ func (w *WebSocket) answerPing(also func(context.Context, []byte) bool) func(con
 		if also != nil && !also(ctx, payload) {
 			return false
 		}
+		if w.batch != nil && !w.batch.awaitRoom(ctx) {
+			// The ping's 5 s went by behind a batch the peer does not
+			// read: unanswered, as the library's own pong would be when
+			// it cannot get the write lock in time.
+			return false
+		}
 		w.fragMu.Lock()
 		defer w.fragMu.Unlock()
 		if w.fragmented.Load() > 0 {

@@ -162,16 +162,19 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := d.commitACME(ctx, b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs()); err != nil {
+	if err := b.acme.start(ctx); err != nil {
+		b.acme.abandon()
 		return err
 	}
-	defer d.closeACME()
 	opts, id, auth := b.opts, b.id, b.auth
-	d.env, d.authority = e, auth
 	front, err := proxy.New(opts, id)
 	if err != nil {
+		b.acme.abandon()
 		return err
 	}
+	d.commitACME(b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs())
+	defer d.closeACME()
+	d.env, d.authority = e, auth
 	d.front = front
 	if d.metrics != nil {
 		front.RegisterMetrics(d.metrics)
@@ -405,17 +408,22 @@ func (d *daemon) reload() {
 		d.log.Error().Str("event", "reload_failed").Msg("the state directory changed; restart the daemon to use it")
 		return
 	}
+	// The running ACME manager keeps renewing until everything below has
+	// succeeded; a failure abandons the new one instead.
 	b, err := d.build(e)
 	if err == nil {
-		err = d.commitACME(d.ctx, b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs())
-	}
-	if err == nil {
-		err = d.front.Reload(b.opts, b.id)
+		if err = b.acme.start(d.ctx); err == nil {
+			err = d.front.Reload(b.opts, b.id)
+		}
+		if err != nil {
+			b.acme.abandon()
+		}
 	}
 	if err != nil {
 		d.log.Error().Str("event", "reload_failed").Err(err).Msg("configuration not reloaded; the previous one stays in force")
 		return
 	}
+	d.commitACME(b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs())
 	id, auth := b.id, b.auth
 	d.mu.Lock()
 	d.env, d.authority = e, auth

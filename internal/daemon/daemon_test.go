@@ -249,3 +249,48 @@ func TestAdminRequestsAreStrict(t *testing.T) {
 		}
 	}
 }
+
+// reachConfig enables Reach against a broker address where nothing
+// listens: the connector runs (and retries), and the admin routes are
+// served; tokenMode is the host token file's mode.
+func reachConfig(t *testing.T, dir string, tokenMode os.FileMode) string {
+	t.Helper()
+	tok := filepath.Join(dir, "host.token")
+	if err := os.WriteFile(tok, []byte("host-token-for-tests-0123456789abcdef\n"), tokenMode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tok, tokenMode); err != nil {
+		t.Fatal(err)
+	}
+	return writeConfig(t, dir, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:1/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n",
+		"AAAAAAAAAAAAAAAAAAAAAA", tok))
+}
+
+// ttl_seconds is bounded in seconds: a value whose nanoseconds overflow
+// (18446744074 s wraps to ~290 ms, which the connector's own check caught
+// as a 502; 18446744084 s wraps to ~10.3 s, which went on to the broker)
+// and a negative one are refused before anything is published; in range,
+// the request goes on to the broker (here: not connected).
+func TestBootstrapTTLIsBoundedBeforeConversion(t *testing.T) {
+	r := start(t, reachConfig(t, t.TempDir(), 0o600))
+	ctx := context.Background()
+	for _, c := range []struct {
+		ttl  int64
+		want int
+	}{
+		{18446744074, 400},
+		{18446744084, 400},
+		{-1, 400},
+		{3601, 400},
+		{3600, 409},
+		{0, 409},
+	} {
+		_, code, err := r.admin.Bootstrap(ctx, admin.BootstrapRequest{TTLSeconds: c.ttl})
+		if code != c.want || err == nil {
+			t.Errorf("ttl_seconds %d: %d %v, want %d", c.ttl, code, err, c.want)
+		}
+		if c.want == 400 && !strings.Contains(err.Error(), "ttl_seconds must be") {
+			t.Errorf("ttl_seconds %d: %v does not say the bound", c.ttl, err)
+		}
+	}
+}

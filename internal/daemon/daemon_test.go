@@ -69,7 +69,13 @@ func startOpts(t *testing.T, cfgPath string, o Options) *running {
 	readyc := make(chan Ready, 1)
 	go func() {
 		o.ConfigFlag, o.Version, o.Stderr, o.Reload = cfgPath, "test-version", io.Discard, r.reload
-		o.NewLogger = func(*config.Config) zerolog.Logger { return zerolog.New(r.logs) }
+		o.NewLogger = func(c *config.Config) zerolog.Logger { // at log.level, as cmd/securelink's
+			lvl, err := zerolog.ParseLevel(c.Log.Level)
+			if err != nil {
+				t.Errorf("log.level %q: %v", c.Log.Level, err)
+			}
+			return zerolog.New(r.logs).Level(lvl)
+		}
 		o.Ready = func(rd Ready) { readyc <- rd }
 		r.done <- Run(ctx, o)
 	}()
@@ -292,5 +298,53 @@ func TestBootstrapTTLIsBoundedBeforeConversion(t *testing.T) {
 		if c.want == 400 && !strings.Contains(err.Error(), "ttl_seconds must be") {
 			t.Errorf("ttl_seconds %d: %v does not say the bound", c.ttl, err)
 		}
+	}
+}
+
+// A reload applies a new log.level to the running daemon; a new log.format
+// or admin.socket needs a restart, and every reload says so while the
+// socket stays where it is.
+func TestReloadAppliesLogLevelAndReportsRestartOnlyKeys(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, "")
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte(strings.Replace(string(b), "level: debug", "level: warn", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, cfg)
+	if strings.Contains(r.logs.String(), `"level":"info"`) {
+		t.Fatalf("info lines at log.level warn: %s", r.logs.String())
+	}
+	other := filepath.Join(dir, "other.sock")
+	changed := strings.NewReplacer("level: debug", "level: info", "format: json", "format: console").Replace(string(b)) +
+		fmt.Sprintf("admin:\n  socket: %q\n", other)
+	if err := os.WriteFile(cfg, []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; n <= 2; n++ {
+		r.reload <- syscall.SIGHUP
+		eventually(t, func() string { return fmt.Sprintf("reload %d not logged at info: %s", n, r.logs.String()) }, func() bool {
+			return strings.Count(r.logs.String(), `"event":"reloaded"`) == n
+		})
+		for _, key := range []string{"log.format", "admin.socket"} {
+			if got := strings.Count(r.logs.String(), `"key":"`+key+`"`); got != n {
+				t.Fatalf("reload %d: %s reported %d times: %s", n, key, got, r.logs.String())
+			}
+		}
+	}
+	if !strings.Contains(r.logs.String(), `"log_level":"info"`) {
+		t.Fatalf("the reload does not say the level it applied: %s", r.logs.String())
+	}
+	if strings.Contains(r.logs.String(), `"level":"debug"`) {
+		t.Fatalf("debug lines at log.level info: %s", r.logs.String())
+	}
+	if _, err := r.admin.Status(context.Background()); err != nil {
+		t.Fatalf("the admin socket moved on reload: %v", err)
+	}
+	if _, err := os.Stat(other); err == nil {
+		t.Fatal("a socket appeared at the new admin.socket without a restart")
 	}
 }

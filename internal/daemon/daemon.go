@@ -375,7 +375,7 @@ func frontOptions(cfg *config.Config, a pinning.Authority, log zerolog.Logger) (
 	}
 	var secret string
 	if cfg.Relay.ProxySecretFile != "" {
-		if secret, err = atomicfile.ReadSecret(cfg.Relay.ProxySecretFile); err != nil {
+		if secret, _, err = atomicfile.ReadSecret(cfg.Relay.ProxySecretFile); err != nil {
 			return proxy.Options{}, fmt.Errorf("relay.proxy_secret_file: %w", err)
 		}
 	}

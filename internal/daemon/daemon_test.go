@@ -348,3 +348,17 @@ func TestReloadAppliesLogLevelAndReportsRestartOnlyKeys(t *testing.T) {
 		t.Fatal("a socket appeared at the new admin.socket without a restart")
 	}
 }
+
+// A host token its group may read is served with a warning (a dedicated
+// group is a setup files-mode keys allow too); 0600 is not warned about.
+func TestGroupReadableHostTokenIsWarnedAbout(t *testing.T) {
+	const warning = "members of its group can read the host token"
+	r := start(t, reachConfig(t, t.TempDir(), 0o640))
+	if !strings.Contains(r.logs.String(), warning) || !strings.Contains(r.logs.String(), "chmod 600") {
+		t.Fatalf("a 0640 host token was not warned about: %s", r.logs.String())
+	}
+	r = start(t, reachConfig(t, t.TempDir(), 0o600))
+	if strings.Contains(r.logs.String(), warning) {
+		t.Fatalf("a 0600 host token was warned about: %s", r.logs.String())
+	}
+}

@@ -25,9 +25,12 @@ const maxBootstrapTTL = time.Hour
 
 // newConnector builds the Reach host connector from reach.*.
 func newConnector(rc config.Reach, log zerolog.Logger) (*connector.Connector, error) {
-	tok, err := atomicfile.ReadSecret(rc.HostTokenFile)
+	tok, mode, err := atomicfile.ReadSecret(rc.HostTokenFile)
 	if err != nil {
 		return nil, fmt.Errorf("reach.host_token_file: %w", err)
+	}
+	if w := atomicfile.GroupWarning("reach.host_token_file", rc.HostTokenFile, mode, "the host token"); w != "" {
+		log.Warn().Str("event", "reach").Msg(w)
 	}
 	pool, err := trust.BrokerRoots(rc.CAFile)
 	if err != nil {

@@ -405,9 +405,8 @@ func loadFiles(certFile, keyFile string) (*Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tls.key_file: %w", err)
 	}
-	if p := ki.Mode().Perm(); p&0o070 != 0 {
-		warnings = append(warnings, fmt.Sprintf("tls.key_file %s has mode %04o: members of its group can read the private key; fine for a dedicated group such as ssl-cert, otherwise chmod 600 %s",
-			keyFile, p, keyFile))
+	if w := atomicfile.GroupWarning("tls.key_file", keyFile, ki.Mode(), "the private key"); w != "" {
+		warnings = append(warnings, w)
 	}
 	certPEM, ci, err := readPEM(certFile, 0)
 	if err != nil {

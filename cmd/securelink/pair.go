@@ -141,7 +141,8 @@ func runPair(c *cli.Context) error {
 		if key == nil {
 			return fmt.Errorf("the Relay wrote %s as floats, which the Android app rejects (it then imports the Dashboard only, without the pin); "+
 				"pair turns them into integers and re-signs with the Relay's QR secret, but cannot read %s: "+
-				"run pair as the Hermes user (the one the Relay runs as), or drop --ttl/--grants",
+				"run pair as root with the Hermes user's HERMES_HOME (sudo HERMES_HOME=... securelink pair), or as the Hermes user "+
+				"when the daemon runs as that user (the admin socket admits only the daemon's user and root), or drop --ttl/--grants",
 				strings.Join(changed, ", "), keyPath)
 		}
 		if resp, err = resp.Resigned(key, norm); err != nil {
@@ -223,7 +224,7 @@ func verifyWithQRSecret(p *pairing.Payload) (key []byte, path string, err error)
 	case errors.As(err, &loose):
 		fmt.Fprintln(os.Stderr, "warning:", err)
 	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission):
-		fmt.Fprintf(os.Stderr, "warning: cannot read the QR secret %s to verify the signature (run as the Hermes user to check it)\n", path)
+		fmt.Fprintf(os.Stderr, "warning: cannot read the QR secret %s to verify the signature (run as root with the Hermes user's HERMES_HOME to check it)\n", path)
 		return nil, path, nil
 	case err != nil:
 		return nil, path, err

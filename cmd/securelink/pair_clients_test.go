@@ -110,7 +110,7 @@ func TestPairFailsOnFloatsWithoutTheQRSecret(t *testing.T) {
 	if strings.Contains(so, "hermes-relay://") || strings.ContainsAny(so, "▀▄█") {
 		t.Fatalf("a QR or invite was printed:\n%s", so)
 	}
-	for _, want := range []string{"relay.ttl_seconds", "Android app rejects", "run pair as the Hermes user", "drop --ttl/--grants"} {
+	for _, want := range []string{"relay.ttl_seconds", "Android app rejects", "run pair as root with the Hermes user's HERMES_HOME", "drop --ttl/--grants"} {
 		if !strings.Contains(se, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, se)
 		}

@@ -15,7 +15,6 @@ import (
 	"crypto/ed25519"
 	"crypto/rsa"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -46,7 +45,7 @@ const (
 	DefaultHTTPPort = 80
 	// DefaultTLSALPNPort is where the TLS-ALPN-01 solver listens by default.
 	DefaultTLSALPNPort = 443
-	// maxPEMFile bounds the key and CA root files read.
+	// maxPEMFile bounds the CA root file read.
 	maxPEMFile = 1 << 20
 )
 
@@ -66,13 +65,8 @@ type Options struct {
 	Names []string
 
 	// Key is the persistent identity key every certificate is issued for
-	// (*ecdsa.PrivateKey, *rsa.PrivateKey or ed25519.PrivateKey). Exactly one
-	// of Key and KeyFile is required.
+	// (*ecdsa.PrivateKey, *rsa.PrivateKey or ed25519.PrivateKey). Required.
 	Key crypto.Signer
-	// KeyFile is a PEM file holding that key as a PKCS#8 "PRIVATE KEY"
-	// block (other blocks, e.g. a CERTIFICATE, are ignored); it must not be
-	// readable by group or others.
-	KeyFile string
 
 	// StorageDir holds certmagic's storage (account, certificates, locks):
 	// <state_dir>/acme. Created 0700; files are written 0600. Required.
@@ -174,20 +168,10 @@ func (o Options) check() (checked, error) {
 	}
 	c.Names = names
 
-	switch {
-	case c.Key != nil && c.KeyFile != "":
-		return c, errors.New("acme: set the identity key or its file, not both")
-	case c.Key != nil:
-		c.key = c.Key
-	case c.KeyFile != "":
-		k, err := readKeyFile(c.KeyFile)
-		if err != nil {
-			return c, err
-		}
-		c.key = k
-	default:
+	if c.Key == nil {
 		return c, errors.New("acme: no identity key")
 	}
+	c.key = c.Key
 	switch c.key.(type) {
 	case *ecdsa.PrivateKey, *rsa.PrivateKey, ed25519.PrivateKey:
 	default:
@@ -269,40 +253,6 @@ func (o Options) check() (checked, error) {
 		return c, errors.New("acme: negative interval")
 	}
 	return c, nil
-}
-
-// readKeyFile loads the one PKCS#8 private key of a PEM file.
-func readKeyFile(path string) (crypto.Signer, error) {
-	data, _, err := atomicfile.ReadPrivate(path, maxPEMFile, 0o077)
-	if err != nil {
-		return nil, fmt.Errorf("acme: identity key: %w", err)
-	}
-	var keyDER []byte
-	for rest := data; ; {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			break
-		}
-		if b.Type == "PRIVATE KEY" {
-			if keyDER != nil {
-				return nil, fmt.Errorf("acme: identity key %s: more than one private key", path)
-			}
-			keyDER = b.Bytes
-		}
-	}
-	if keyDER == nil {
-		return nil, fmt.Errorf("acme: identity key %s: no PKCS#8 PRIVATE KEY block", path)
-	}
-	k, err := x509.ParsePKCS8PrivateKey(keyDER)
-	if err != nil {
-		return nil, fmt.Errorf("acme: identity key %s: %w", path, err)
-	}
-	s, ok := k.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("acme: identity key %s: type %T cannot sign", path, k)
-	}
-	return s, nil
 }
 
 // readRoots loads the PEM certificates of path into a pool.

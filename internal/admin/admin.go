@@ -1,5 +1,7 @@
 // Package admin is the daemon's local control plane: HTTP over a unix socket
 // in the state directory, reachable only by the daemon's own uid and root.
+// The client applies the same rule the other way: it talks only to a socket
+// served by root or the owner of the socket's directory.
 //
 // Commands that must act on what the running daemon serves (`status`,
 // `pair`, `revoke`) ask it here rather than reading files the daemon may not
@@ -15,11 +17,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
 )
 
 // Server serves the admin API on a unix socket.
@@ -56,9 +62,10 @@ func Listen(path string, log zerolog.Logger) (*Server, error) {
 			return nil, fmt.Errorf("remove stale admin socket: %w", err)
 		}
 	}
-	old := syscall.Umask(0o177)
+	// No umask around the bind: it is process-wide (a directory another
+	// goroutine creates meanwhile would lose its bits), and a connection
+	// made before the Chmod still meets the per-connection peer check.
 	ln, err := net.Listen("unix", path)
-	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("admin socket: %w", err)
 	}
@@ -170,23 +177,81 @@ func peerOf(c net.Conn) peer {
 type Client struct {
 	path string
 	hc   *http.Client
+	// serverUID is the uid besides root that may serve the socket: the
+	// owner of the socket's directory (the state directory unless
+	// admin.socket moves it). A variable so a test can name another.
+	serverUID func() (int, error)
 }
 
 // ErrNoDaemon means nothing listens on the admin socket.
 var ErrNoDaemon = errors.New("no securelink daemon is running")
 
-// NewClient returns a client for the socket at path.
+// ErrPermission means the caller may not open the admin socket.
+var ErrPermission = errors.New("permission denied on the admin socket")
+
+// ErrUntrustedServer means the socket is served by a process that is
+// neither root nor the owner of the socket's directory: not our daemon
+// (another user may have bound the path while the daemon was stopped).
+var ErrUntrustedServer = errors.New("the admin socket is not served by the securelink daemon")
+
+// NewClient returns a client for the socket at path. It talks only to a
+// server that the admin socket's own peer rule (PeerAllowed) admits, with
+// the owner of the socket's directory as the daemon's uid.
 func NewClient(path string) *Client {
-	return &Client{path: path, hc: &http.Client{
+	c := &Client{path: path, serverUID: func() (int, error) {
+		o, err := atomicfile.OwnerOf(filepath.Dir(path))
+		return o.UID, err
+	}}
+	c.hc = &http.Client{
 		Timeout: 30 * time.Second,
 		Transport: &http.Transport{
-			Proxy: nil,
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", path)
-			},
+			Proxy:       nil,
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
 		},
-	}}
+	}
+	return c
+}
+
+// dial connects and checks who serves the socket (SO_PEERCRED of the
+// listening process) before a byte is sent.
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.path)
+	if err != nil {
+		return nil, err
+	}
+	want, err := c.serverUID()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%w: cannot tell who owns the directory of %s: %v", ErrUntrustedServer, c.path, err)
+	}
+	if p := peerOf(conn); !PeerAllowed(p.uid, p.ok, want) {
+		conn.Close()
+		who := "a process whose credentials could not be read"
+		if p.ok {
+			who = fmt.Sprintf("uid %d", p.uid)
+		}
+		return nil, fmt.Errorf("%w: %s is served by %s, neither root nor uid %d (the owner of %s); not sending it anything",
+			ErrUntrustedServer, c.path, who, want, filepath.Dir(c.path))
+	}
+	return conn, nil
+}
+
+// dialError turns a failed connection into what the caller can act on.
+func (c *Client) dialError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) && errors.Is(ue.Err, ErrUntrustedServer) {
+		return ue.Err // without the request's URL, which names no real host
+	}
+	var ne *net.OpError
+	if !errors.As(err, &ne) || ne.Op != "dial" {
+		return err
+	}
+	if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+		return fmt.Errorf("%w (%s): only the daemon's user (the service user, which owns the state directory) and root may connect: run this as that user (sudo -u securelink ...) or as root",
+			ErrPermission, c.path)
+	}
+	return fmt.Errorf("%w (admin socket %s)", ErrNoDaemon, c.path)
 }
 
 // Do sends a request with an optional JSON body and decodes a JSON answer
@@ -209,11 +274,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) (in
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		var ne *net.OpError
-		if errors.As(err, &ne) && ne.Op == "dial" {
-			return 0, fmt.Errorf("%w (admin socket %s)", ErrNoDaemon, c.path)
-		}
-		return 0, err
+		return 0, c.dialError(err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))

@@ -62,15 +62,28 @@ func ReadPrivate(path string, max int64, deny os.FileMode) ([]byte, os.FileInfo,
 }
 
 // ReadSecret reads a small secret file (at most 4 KiB, surrounding space
-// trimmed), refusing one other users can access or one that is empty.
-func ReadSecret(path string) (string, error) {
-	b, _, err := ReadPrivate(path, 4096, 0o007)
+// trimmed), refusing one other users can access or one that is empty. The
+// file's permission bits are returned for GroupWarning.
+func ReadSecret(path string) (string, os.FileMode, error) {
+	b, fi, err := ReadPrivate(path, 4096, 0o007)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	s := strings.TrimSpace(string(b))
 	if s == "" {
-		return "", fmt.Errorf("%s is empty", path)
+		return "", 0, fmt.Errorf("%s is empty", path)
 	}
-	return s, nil
+	return s, fi.Mode().Perm(), nil
+}
+
+// GroupWarning is the warning for a private file, read with others denied,
+// whose group may read it: a dedicated group (ssl-cert) is a common setup
+// for files several services share, so it is not refused. key names the
+// setting, what the secret. "" when the group may not read it.
+func GroupWarning(key, path string, mode os.FileMode, what string) string {
+	if mode.Perm()&0o070 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s %s has mode %04o: members of its group can read %s; fine for a dedicated group such as ssl-cert, otherwise chmod 600 %s",
+		key, path, mode.Perm(), what, path)
 }

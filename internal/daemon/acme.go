@@ -49,46 +49,49 @@ func (d *daemon) buildACME(e *config.Env, a pinning.Authority, id *pinning.Ident
 	return id.WithCertSource(m), &acmeBuilt{m: m, sig: sig}, nil
 }
 
-// commitACME makes b the running manager: the old one stops first (both
-// would renew from one storage), then b starts (its stored certificates are
-// served at once). nil b with a running manager means acme mode was left.
-func (d *daemon) commitACME(ctx context.Context, b *acmeBuilt, acmeMode bool, needs string) error {
+// start starts b's manager (its stored certificates are served at once)
+// while the running one keeps renewing: a start that fails (e.g. storage)
+// leaves the running manager untouched. Nil b starts nothing.
+func (b *acmeBuilt) start(ctx context.Context) error {
+	if b == nil {
+		return nil
+	}
+	return b.m.Start(ctx)
+}
+
+// commitACME makes b (started) the running manager once everything else the
+// build commits has succeeded, and only then stops the one it replaces:
+// until that moment the old one serves and renews, and a failed reload
+// abandons b instead. The two may overlap briefly on one storage, which
+// certmagic's storage locks are made for. Nil b keeps the running manager,
+// or stops it when acme mode was left.
+func (d *daemon) commitACME(b *acmeBuilt, acmeMode bool, needs string) {
 	d.mu.Lock()
 	old := d.acme
 	d.mu.Unlock()
-	if b == nil {
-		if !acmeMode && old != nil {
-			old.Close()
-			d.mu.Lock()
-			d.renewFailPrior += old.Status().RenewalFailures
-			d.acme, d.acmeSig, d.acmeNeeds = nil, "", ""
-			d.mu.Unlock()
-		}
-		if acmeMode {
-			d.mu.Lock()
-			d.acmeNeeds = needs
-			d.mu.Unlock()
-		}
-		return nil
-	}
-	if old != nil {
+	var oldFailures uint64
+	replaced := old != nil && (b != nil || !acmeMode)
+	if replaced {
 		old.Close()
-		d.mu.Lock()
-		d.renewFailPrior += old.Status().RenewalFailures
-		d.mu.Unlock()
-	}
-	if err := b.m.Start(ctx); err != nil {
-		b.m.Close()
-		return err
+		oldFailures = old.Status().RenewalFailures
 	}
 	d.mu.Lock()
-	d.acme, d.acmeSig, d.acmeNeeds = b.m, b.sig, needs
-	d.mu.Unlock()
-	if st := b.m.Status(); st.State == acme.StateWaiting {
-		d.log.Warn().Str("event", "acme_waiting").Strs("names", b.m.Names()).Str("needs", needs).
-			Msg("no certificate yet: every handshake fails with an alert until the CA issues one")
+	switch {
+	case b != nil:
+		d.acme, d.acmeSig, d.acmeNeeds = b.m, b.sig, needs
+	case !acmeMode:
+		d.acme, d.acmeSig, d.acmeNeeds = nil, "", ""
+	default:
+		d.acmeNeeds = needs
 	}
-	return nil
+	d.renewFailPrior += oldFailures
+	d.mu.Unlock()
+	if b != nil {
+		if st := b.m.Status(); st.State == acme.StateWaiting {
+			d.log.Warn().Str("event", "acme_waiting").Strs("names", b.m.Names()).Str("needs", needs).
+				Msg("no certificate yet: every handshake fails with an alert until the CA issues one")
+		}
+	}
 }
 
 func (b *acmeBuilt) abandon() {

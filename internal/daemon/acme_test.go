@@ -303,3 +303,58 @@ func TestACMEDNS01RFC2136(t *testing.T) {
 		t.Fatal("the TSIG secret reached the log")
 	}
 }
+
+// A reload whose new manager cannot start (here its storage cannot be read
+// for a newly added name) leaves the running manager in force: it keeps
+// renewing, and status keeps describing its certificate.
+func TestACMEReloadFailingAtStartKeepsTheManagerRenewing(t *testing.T) {
+	tc := acmetest.StartCA(t, acmetest.Options{Validity: 60})
+	dir := t.TempDir()
+	cfg := acmeConfig(t, dir, tc, fmt.Sprintf("    challenge: http-01\n    http_port: %d\n", tc.HTTPPort), "")
+	r := startOpts(t, cfg, Options{ACMERenewalWindowRatio: 0.95, ACMERenewCheckInterval: 250 * time.Millisecond})
+	waitStatus(t, r, "the first certificate", tlsValid)
+
+	// The stored certificate of the name the reload adds is a directory:
+	// acme.Manager.Start fails reading it.
+	const added = "other.acme.test"
+	served, err := filepath.Glob(filepath.Join(dir, "state", "acme", "certificates", "*", acmeName))
+	if err != nil || len(served) != 1 {
+		t.Fatalf("stored certificate directory of %s: %v %v", acmeName, served, err)
+	}
+	if err := os.MkdirAll(filepath.Join(filepath.Dir(served[0]), added, added+".crt"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, append(b, "extra_names:\n  - "+added+"\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.reload <- syscall.SIGHUP
+	eventually45(t, func() string { return "the reload did not fail: " + tail(r.logs.String()) }, func() bool {
+		return strings.Contains(r.logs.String(), `"event":"reload_failed"`)
+	})
+	if !strings.Contains(r.logs.String(), "acme storage") {
+		t.Fatalf("the reload failed for another reason than the storage: %s", tail(r.logs.String()))
+	}
+	before, err := r.admin.Status(context.Background())
+	if err != nil || before.TLS.State != string(acme.StateValid) {
+		t.Fatalf("status after the failed reload: %+v %v", before.TLS, err)
+	}
+	// The running manager still renews: its certificate's expiry moves on,
+	// and the front serves the renewed leaf with the same pin.
+	st := waitStatus(t, r, "a renewal after the failed reload", func(st admin.Status) bool {
+		return tlsValid(st) && st.TLS.NotAfter > before.TLS.NotAfter
+	})
+	if st.PinSHA256 != r.ready.Pin {
+		t.Fatalf("pin %s after the failed reload, want %s", st.PinSHA256, r.ready.Pin)
+	}
+	chain, err := dialACME(r.ready.Addr.String(), tc.Roots, r.ready.Pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := chain[0].NotAfter.UTC().Format(time.RFC3339); got < before.TLS.NotAfter {
+		t.Fatalf("served leaf expires %s, before the failed reload's %s", got, before.TLS.NotAfter)
+	}
+}

@@ -38,7 +38,9 @@ type Options struct {
 	// Version is reported by GET /status.
 	Version string
 	// NewLogger builds the logger from the loaded configuration; nil logs
-	// JSON lines to Stderr at the configured level.
+	// JSON lines to Stderr. The daemon applies log.level itself, through
+	// zerolog's global level (set while Run runs), so a reload can change
+	// it: the logger's own level is lifted to trace unless it is disabled.
 	NewLogger func(*config.Config) zerolog.Logger
 	// Stderr receives the configuration/state-directory announcement; nil
 	// is os.Stderr.
@@ -81,6 +83,7 @@ type daemon struct {
 	http3      bool // serving HTTP/3 on the listen address's UDP port
 	metrics    *metrics.Front
 	metricsAt  string
+	logFormat  string // log.format the logger was built with
 	reach      *connector.Connector
 	reachCfg   config.Reach
 
@@ -134,11 +137,18 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// log.level is applied through zerolog's global level, which a reload
+	// can change: the daemon's logger passes every level (setLogLevel).
+	defer zerolog.SetGlobalLevel(zerolog.GlobalLevel())
 	log := o.NewLogger(e.Cfg)
+	if log.GetLevel() != zerolog.Disabled {
+		log = log.Level(zerolog.TraceLevel)
+	}
+	setLogLevel(e.Cfg.Log.Level)
 	// net/http's Transport logs through the global logger (with bytes an
 	// upstream sent): into the structured log, truncated, at debug level.
 	proxy.CaptureStandardLog(log)
-	d.log, d.listenAddr = log, e.Cfg.Listen
+	d.log, d.listenAddr, d.logFormat = log, e.Cfg.Listen, e.Cfg.Log.Format
 
 	lc := net.ListenConfig{KeepAlive: proxy.DefaultLimits().TCPKeepAlive}
 	ln, err := lc.Listen(ctx, "tcp", e.Cfg.Listen)
@@ -162,16 +172,19 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := d.commitACME(ctx, b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs()); err != nil {
+	if err := b.acme.start(ctx); err != nil {
+		b.acme.abandon()
 		return err
 	}
-	defer d.closeACME()
 	opts, id, auth := b.opts, b.id, b.auth
-	d.env, d.authority = e, auth
 	front, err := proxy.New(opts, id)
 	if err != nil {
+		b.acme.abandon()
 		return err
 	}
+	d.commitACME(b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs())
+	defer d.closeACME()
+	d.env, d.authority = e, auth
 	d.front = front
 	if d.metrics != nil {
 		front.RegisterMetrics(d.metrics)
@@ -362,7 +375,7 @@ func frontOptions(cfg *config.Config, a pinning.Authority, log zerolog.Logger) (
 	}
 	var secret string
 	if cfg.Relay.ProxySecretFile != "" {
-		if secret, err = atomicfile.ReadSecret(cfg.Relay.ProxySecretFile); err != nil {
+		if secret, _, err = atomicfile.ReadSecret(cfg.Relay.ProxySecretFile); err != nil {
 			return proxy.Options{}, fmt.Errorf("relay.proxy_secret_file: %w", err)
 		}
 	}
@@ -387,40 +400,63 @@ func (d *daemon) reload() {
 		d.log.Error().Str("event", "reload_failed").Err(err).Msg("configuration not reloaded; the previous one stays in force")
 		return
 	}
-	if e.Cfg.Listen != d.listenAddr {
-		d.log.Warn().Str("event", "reload_partial").Str("listen", e.Cfg.Listen).
-			Msg("a new listen address needs a restart; keeping " + d.listenAddr)
-	}
-	if e.Cfg.HTTP3 != d.http3 {
-		d.log.Warn().Str("event", "reload_partial").Bool("http3", e.Cfg.HTTP3).
-			Msg("turning http3 on or off needs a restart; keeping the current setting")
-	}
-	if e.Cfg.Metrics.Listen != d.metricsAt {
-		d.log.Warn().Str("event", "reload_partial").Msg("a new metrics.listen needs a restart; keeping " + metricsAtOrNone(d.metricsAt))
+	// What only a restart applies is reported; the running value stays.
+	for _, k := range []struct {
+		changed            bool
+		key, what, keeping string
+	}{
+		{e.Cfg.Listen != d.listenAddr, "listen", "a new listen address", d.listenAddr},
+		{e.Cfg.HTTP3 != d.http3, "http3", "turning http3 on or off", "the current setting"},
+		{e.Cfg.Metrics.Listen != d.metricsAt, "metrics.listen", "a new metrics.listen", metricsAtOrNone(d.metricsAt)},
+		{e.Cfg.Log.Format != d.logFormat, "log.format", "a new log.format", d.logFormat},
+		{e.Cfg.AdminSocket(e.StateDir) != d.admin.Path(), "admin.socket", "a new admin.socket", d.admin.Path()},
+	} {
+		if k.changed {
+			d.log.Warn().Str("event", "reload_partial").Str("key", k.key).
+				Msg(k.what + " needs a restart; keeping " + k.keeping)
+		}
 	}
 	if reachNeedsRestart(d.reachCfg, e.Cfg.Reach) {
-		d.log.Warn().Str("event", "reload_partial").Msg("reach settings changed; restart the daemon to apply them (the connector keeps its current settings)")
+		d.log.Warn().Str("event", "reload_partial").Str("key", "reach").Msg("reach settings changed; restart the daemon to apply them (the connector keeps its current settings)")
 	}
 	if e.StateDir != d.env.StateDir {
 		d.log.Error().Str("event", "reload_failed").Msg("the state directory changed; restart the daemon to use it")
 		return
 	}
+	// The running ACME manager keeps renewing until everything below has
+	// succeeded; a failure abandons the new one instead.
 	b, err := d.build(e)
 	if err == nil {
-		err = d.commitACME(d.ctx, b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs())
-	}
-	if err == nil {
-		err = d.front.Reload(b.opts, b.id)
+		if err = b.acme.start(d.ctx); err == nil {
+			err = d.front.Reload(b.opts, b.id)
+		}
+		if err != nil {
+			b.acme.abandon()
+		}
 	}
 	if err != nil {
 		d.log.Error().Str("event", "reload_failed").Err(err).Msg("configuration not reloaded; the previous one stays in force")
 		return
 	}
+	d.commitACME(b.acme, e.Cfg.TLS.Mode == pinning.ModeACME, e.Cfg.TLS.ACME.Needs())
+	setLogLevel(e.Cfg.Log.Level)
 	id, auth := b.id, b.auth
 	d.mu.Lock()
 	d.env, d.authority = e, auth
 	d.mu.Unlock()
-	d.log.Info().Str("event", "reloaded").Str("authority", auth.String()).Str("pin_sha256", id.Pin).Msg("reloaded")
+	d.log.Info().Str("event", "reloaded").Str("authority", auth.String()).Str("pin_sha256", id.Pin).
+		Str("log_level", zerolog.GlobalLevel().String()).Msg("reloaded")
+}
+
+// setLogLevel applies log.level to every logger the daemon handed out:
+// they pass every level and zerolog's global level, which each event checks
+// anyway, drops what is below it. An empty or unknown level is info.
+func setLogLevel(level string) {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || lvl == zerolog.NoLevel {
+		lvl = zerolog.InfoLevel
+	}
+	zerolog.SetGlobalLevel(lvl)
 }
 
 // reachNeedsRestart reports whether a reloaded reach section differs from

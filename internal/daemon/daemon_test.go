@@ -69,7 +69,13 @@ func startOpts(t *testing.T, cfgPath string, o Options) *running {
 	readyc := make(chan Ready, 1)
 	go func() {
 		o.ConfigFlag, o.Version, o.Stderr, o.Reload = cfgPath, "test-version", io.Discard, r.reload
-		o.NewLogger = func(*config.Config) zerolog.Logger { return zerolog.New(r.logs) }
+		o.NewLogger = func(c *config.Config) zerolog.Logger { // at log.level, as cmd/securelink's
+			lvl, err := zerolog.ParseLevel(c.Log.Level)
+			if err != nil {
+				t.Errorf("log.level %q: %v", c.Log.Level, err)
+			}
+			return zerolog.New(r.logs).Level(lvl)
+		}
 		o.Ready = func(rd Ready) { readyc <- rd }
 		r.done <- Run(ctx, o)
 	}()
@@ -247,5 +253,112 @@ func TestAdminRequestsAreStrict(t *testing.T) {
 		if code != c.want || err == nil {
 			t.Fatalf("%v: %d %v, want %d", c.body, code, err, c.want)
 		}
+	}
+}
+
+// reachConfig enables Reach against a broker address where nothing
+// listens: the connector runs (and retries), and the admin routes are
+// served; tokenMode is the host token file's mode.
+func reachConfig(t *testing.T, dir string, tokenMode os.FileMode) string {
+	t.Helper()
+	tok := filepath.Join(dir, "host.token")
+	if err := os.WriteFile(tok, []byte("host-token-for-tests-0123456789abcdef\n"), tokenMode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tok, tokenMode); err != nil {
+		t.Fatal(err)
+	}
+	return writeConfig(t, dir, fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:1/v1/connect\"\n  host_id: %q\n  host_token_file: %q\n",
+		"AAAAAAAAAAAAAAAAAAAAAA", tok))
+}
+
+// ttl_seconds is bounded in seconds: a value whose nanoseconds overflow
+// (18446744074 s wraps to ~290 ms, which the connector's own check caught
+// as a 502; 18446744084 s wraps to ~10.3 s, which went on to the broker)
+// and a negative one are refused before anything is published; in range,
+// the request goes on to the broker (here: not connected).
+func TestBootstrapTTLIsBoundedBeforeConversion(t *testing.T) {
+	r := start(t, reachConfig(t, t.TempDir(), 0o600))
+	ctx := context.Background()
+	for _, c := range []struct {
+		ttl  int64
+		want int
+	}{
+		{18446744074, 400},
+		{18446744084, 400},
+		{-1, 400},
+		{3601, 400},
+		{3600, 409},
+		{0, 409},
+	} {
+		_, code, err := r.admin.Bootstrap(ctx, admin.BootstrapRequest{TTLSeconds: c.ttl})
+		if code != c.want || err == nil {
+			t.Errorf("ttl_seconds %d: %d %v, want %d", c.ttl, code, err, c.want)
+		}
+		if c.want == 400 && !strings.Contains(err.Error(), "ttl_seconds must be") {
+			t.Errorf("ttl_seconds %d: %v does not say the bound", c.ttl, err)
+		}
+	}
+}
+
+// A reload applies a new log.level to the running daemon; a new log.format
+// or admin.socket needs a restart, and every reload says so while the
+// socket stays where it is.
+func TestReloadAppliesLogLevelAndReportsRestartOnlyKeys(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, "")
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte(strings.Replace(string(b), "level: debug", "level: warn", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, cfg)
+	if strings.Contains(r.logs.String(), `"level":"info"`) {
+		t.Fatalf("info lines at log.level warn: %s", r.logs.String())
+	}
+	other := filepath.Join(dir, "other.sock")
+	changed := strings.NewReplacer("level: debug", "level: info", "format: json", "format: console").Replace(string(b)) +
+		fmt.Sprintf("admin:\n  socket: %q\n", other)
+	if err := os.WriteFile(cfg, []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; n <= 2; n++ {
+		r.reload <- syscall.SIGHUP
+		eventually(t, func() string { return fmt.Sprintf("reload %d not logged at info: %s", n, r.logs.String()) }, func() bool {
+			return strings.Count(r.logs.String(), `"event":"reloaded"`) == n
+		})
+		for _, key := range []string{"log.format", "admin.socket"} {
+			if got := strings.Count(r.logs.String(), `"key":"`+key+`"`); got != n {
+				t.Fatalf("reload %d: %s reported %d times: %s", n, key, got, r.logs.String())
+			}
+		}
+	}
+	if !strings.Contains(r.logs.String(), `"log_level":"info"`) {
+		t.Fatalf("the reload does not say the level it applied: %s", r.logs.String())
+	}
+	if strings.Contains(r.logs.String(), `"level":"debug"`) {
+		t.Fatalf("debug lines at log.level info: %s", r.logs.String())
+	}
+	if _, err := r.admin.Status(context.Background()); err != nil {
+		t.Fatalf("the admin socket moved on reload: %v", err)
+	}
+	if _, err := os.Stat(other); err == nil {
+		t.Fatal("a socket appeared at the new admin.socket without a restart")
+	}
+}
+
+// A host token its group may read is served with a warning (a dedicated
+// group is a setup files-mode keys allow too); 0600 is not warned about.
+func TestGroupReadableHostTokenIsWarnedAbout(t *testing.T) {
+	const warning = "members of its group can read the host token"
+	r := start(t, reachConfig(t, t.TempDir(), 0o640))
+	if !strings.Contains(r.logs.String(), warning) || !strings.Contains(r.logs.String(), "chmod 600") {
+		t.Fatalf("a 0640 host token was not warned about: %s", r.logs.String())
+	}
+	r = start(t, reachConfig(t, t.TempDir(), 0o600))
+	if strings.Contains(r.logs.String(), warning) {
+		t.Fatalf("a 0600 host token was warned about: %s", r.logs.String())
 	}
 }

@@ -25,9 +25,12 @@ const maxBootstrapTTL = time.Hour
 
 // newConnector builds the Reach host connector from reach.*.
 func newConnector(rc config.Reach, log zerolog.Logger) (*connector.Connector, error) {
-	tok, err := atomicfile.ReadSecret(rc.HostTokenFile)
+	tok, mode, err := atomicfile.ReadSecret(rc.HostTokenFile)
 	if err != nil {
 		return nil, fmt.Errorf("reach.host_token_file: %w", err)
+	}
+	if w := atomicfile.GroupWarning("reach.host_token_file", rc.HostTokenFile, mode, "the host token"); w != "" {
+		log.Warn().Str("event", "reach").Msg(w)
 	}
 	pool, err := trust.BrokerRoots(rc.CAFile)
 	if err != nil {
@@ -68,12 +71,15 @@ func (d *daemon) registerReachAdmin() {
 		if d.reach == nil {
 			return nil, http.StatusNotFound, errors.New("Reach is not enabled on this host")
 		}
-		ttl := time.Duration(req.TTLSeconds) * time.Second
-		if ttl <= 0 {
-			ttl = wire.DefaultBootstrapTTL
+		// Bounded in seconds, before the conversion could overflow.
+		maxSeconds := int64(maxBootstrapTTL / time.Second)
+		if req.TTLSeconds < 0 || req.TTLSeconds > maxSeconds {
+			return nil, http.StatusBadRequest, fmt.Errorf("ttl_seconds must be 0 (the default, %d) to %d",
+				int64(wire.DefaultBootstrapTTL/time.Second), maxSeconds)
 		}
-		if ttl > maxBootstrapTTL {
-			return nil, http.StatusBadRequest, fmt.Errorf("ttl_seconds must be at most %d", int(maxBootstrapTTL/time.Second))
+		ttl := time.Duration(req.TTLSeconds) * time.Second
+		if ttl == 0 {
+			ttl = wire.DefaultBootstrapTTL
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()

@@ -291,12 +291,12 @@ func (c *Config) validateACME() error {
 func (c *Config) CheckFiles() error {
 	var errs []error
 	if c.Relay.ProxySecretFile != "" {
-		if _, err := atomicfile.ReadSecret(c.Relay.ProxySecretFile); err != nil {
+		if _, _, err := atomicfile.ReadSecret(c.Relay.ProxySecretFile); err != nil {
 			errs = append(errs, c.Errorf("relay.proxy_secret_file", "%v", err))
 		}
 	}
 	if c.Reach.Enabled && c.Reach.HostTokenFile != "" {
-		switch tok, err := atomicfile.ReadSecret(c.Reach.HostTokenFile); {
+		switch tok, _, err := atomicfile.ReadSecret(c.Reach.HostTokenFile); {
 		case err != nil:
 			errs = append(errs, c.Errorf("reach.host_token_file", "%v", err))
 		case !wire.ValidWireToken(tok):

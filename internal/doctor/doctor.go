@@ -375,7 +375,10 @@ func checkDaemon(ctx context.Context, cfg *config.Config, stateDir, localPin str
 	st, err := admin.NewClient(sock).Status(ctx)
 	if err != nil {
 		fix := "start it: systemctl start securelink (or securelink serve)"
-		if !errors.Is(err, admin.ErrNoDaemon) {
+		switch {
+		case errors.Is(err, admin.ErrUntrustedServer):
+			fix = "another process holds the admin socket: stop it, remove the socket, then start securelink"
+		case !errors.Is(err, admin.ErrNoDaemon):
 			fix = "run doctor as the service user or root"
 		}
 		add(Result{"daemon", Fail, err.Error(), fix})

@@ -97,8 +97,18 @@ func runPair(c *cli.Context) error {
 	if err := cand.Validate(); err != nil {
 		return fmt.Errorf("the daemon's candidate is not one clients accept: %w", err)
 	}
+	// Reach as the daemon runs it, not as the file says now: the file may
+	// have changed since the daemon last loaded it.
+	st, err := cl.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if st.Reach.Enabled != e.Cfg.Reach.Enabled {
+		fmt.Fprintf(os.Stderr, "note: %s says reach.enabled: %t but the running daemon has Reach %s; pairing with what it runs (reload it to apply the file)\n",
+			e.Cfg.File, e.Cfg.Reach.Enabled, map[bool]string{true: "on", false: "off"}[st.Reach.Enabled])
+	}
 	var broker *pairing.BrokerBootstrap
-	if e.Cfg.Reach.Enabled && !c.Bool("no-reach") {
+	if st.Reach.Enabled && !c.Bool("no-reach") {
 		// TTL 0: wire.DefaultBootstrapTTL, the pairing code's 10-minute life.
 		b, code, err := cl.Bootstrap(ctx, admin.BootstrapRequest{})
 		switch {

@@ -266,6 +266,35 @@ func TestPairWithReachBootstrapWorksOnce(t *testing.T) {
 	}
 }
 
+// pair offers the Reach route the running daemon serves, not what the file
+// says after an edit that was not reloaded.
+func TestPairFollowsTheDaemonsReachNotTheEditedFile(t *testing.T) {
+	rs := startReachStack(t)
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	home := newHermesHome(t, rs.dir, secret)
+	mint := fakeMintRelay(t, secret, nil)
+	data, err := os.ReadFile(rs.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := filepath.Join(rs.dir, "edited.yaml")
+	off := strings.Replace(string(data), "reach:\n  enabled: true\n", "reach:\n  enabled: false\n", 1)
+	if off == string(data) {
+		t.Fatal("no reach.enabled line to edit")
+	}
+	if err := os.WriteFile(edited, []byte(off), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eps := pairReachEndpoints(t, home, edited, mint.URL)
+	if _, err := client.ParseCandidate(eps[1]); err != nil {
+		t.Fatalf("the daemon runs Reach, the QR has no usable broker route: %v", err)
+	}
+	_, se, err := runPairCLI(t, home, "200", "--config", edited, "--relay", mint.URL, "--json")
+	if err != nil || !strings.Contains(se, "reach.enabled: false but the running daemon has Reach on") {
+		t.Fatalf("pair did not say the file and the daemon differ: %v\n%s", err, se)
+	}
+}
+
 func TestPairFailsWhenReachIsNotConnected(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "host.token")

@@ -386,3 +386,30 @@ func TestUnreachableChallengePortIsReported(t *testing.T) {
 		t.Fatalf("handshake without a certificate: %v, want the internal_error alert", err)
 	}
 }
+
+// The manager applies the tls.acme block's own rules (Settings.Check), so it
+// cannot accept what the configuration refuses: a plain-http CA (account key
+// and orders in the clear) passed its second set of checks before.
+func TestManagerRefusesWhatTheConfigurationRefuses(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Options{Names: []string{"front.acme.test"}, Key: key, StorageDir: filepath.Join(t.TempDir(), "acme"),
+		Challenge: ChallengeHTTP01, ListenHost: "127.0.0.1"}
+	for name, c := range map[string]struct {
+		edit func(*Options)
+		want string
+	}{
+		"plain http CA":           {func(o *Options) { o.CA = "http://127.0.0.1:14000/dir" }, "tls.acme.ca"},
+		"no challenge":            {func(o *Options) { o.Challenge = "" }, "tls.acme.challenge"},
+		"dns-01 without provider": {func(o *Options) { o.Challenge = ChallengeDNS01 }, "tls.acme.dns_provider"},
+		"port out of range":       {func(o *Options) { o.HTTPPort = 70000 }, "tls.acme.http_port"},
+	} {
+		o := base
+		c.edit(&o)
+		if _, err := New(o); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, c.want)
+		}
+	}
+}

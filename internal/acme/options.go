@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
@@ -191,34 +190,22 @@ func (o Options) check() (checked, error) {
 		return c, fmt.Errorf("acme: storage directory %q must be absolute", c.StorageDir)
 	}
 
+	// The rules of the tls.acme block, as config validation applies them:
+	// one set, so the manager cannot accept what the configuration refuses
+	// (before, a plain http:// CA passed here).
+	if errs := (Settings{CA: c.CA, Challenge: c.Challenge, HTTPPort: c.HTTPPort, TLSALPNPort: c.TLSALPNPort,
+		DNSProvider: c.DNSProvider, DNSCredentialsFile: c.DNSCredentialsFile}).Check(0); len(errs) > 0 {
+		return c, fmt.Errorf("tls.acme.%s: %w", errs[0].Key, errs[0].Err)
+	}
 	if c.CA == "" {
 		c.CA = DefaultCA
-	}
-	u, err := url.Parse(c.CA)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return c, fmt.Errorf("tls.acme.ca %q: want the CA's directory URL, e.g. %s", c.CA, DefaultCA)
 	}
 	if c.CARootFile != "" {
 		if _, err := readRoots(c.CARootFile); err != nil {
 			return c, err
 		}
 	}
-
-	switch c.Challenge {
-	case ChallengeHTTP01, ChallengeTLSALPN01:
-		if c.DNSProvider != "" || c.DNSCredentialsFile != "" {
-			return c, fmt.Errorf("tls.acme.dns_provider and dns_credentials_file only apply to dns-01, not %s", c.Challenge)
-		}
-	case ChallengeDNS01:
-		if c.DNSProvider == "" {
-			return c, fmt.Errorf("tls.acme.dns_provider is required for dns-01 (one of: %s)", strings.Join(DNSProviders(), ", "))
-		}
-		if _, ok := dnsProviders[c.DNSProvider]; !ok {
-			return c, fmt.Errorf("tls.acme.dns_provider %q is not built in (available: %s)", c.DNSProvider, strings.Join(DNSProviders(), ", "))
-		}
-		if c.DNSCredentialsFile == "" {
-			return c, errors.New("tls.acme.dns_credentials_file is required for dns-01 (a 0600 file of KEY=VALUE lines)")
-		}
+	if c.Challenge == ChallengeDNS01 {
 		if _, err := ReadCredentials(c.DNSCredentialsFile); err != nil {
 			return c, err
 		}
@@ -227,10 +214,6 @@ func (o Options) check() (checked, error) {
 				return c, fmt.Errorf("acme: DNS resolver %q: want host:port", r)
 			}
 		}
-	case "":
-		return c, errors.New(ChallengeHelp)
-	default:
-		return c, fmt.Errorf("tls.acme.challenge %q: %s", c.Challenge, ChallengeHelp)
 	}
 	if c.HTTPPort == 0 {
 		c.HTTPPort = DefaultHTTPPort

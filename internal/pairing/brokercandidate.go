@@ -2,8 +2,6 @@ package pairing
 
 import (
 	"bytes"
-	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -208,29 +206,11 @@ func (c BrokerCandidate) Validate() error {
 	if err := wire.CheckClientCredential(c.Broker.URL, c.Broker.HostID, c.Broker.CredentialKind, c.Broker.Token); err != nil {
 		return fmt.Errorf("candidate: %w", err)
 	}
-	if _, err := proxyAuthority(c.Proxy.URL); err != nil {
+	if _, err := checkPinnedProxy(c.Proxy.URL, c.Proxy.PinSHA256, c.Proxy.CertDER); err != nil {
 		return err
 	}
 	if c.Proxy.TransportHint != TransportHintHTTPS {
 		return fmt.Errorf("candidate: proxy.transport_hint %q, want %q", c.Proxy.TransportHint, TransportHintHTTPS)
-	}
-	if _, err := pinning.ParsePin(c.Proxy.PinSHA256); err != nil {
-		return fmt.Errorf("candidate: proxy.pin_sha256: %w", err)
-	}
-	if len(c.Proxy.CertDER) > maxCertDERB64 {
-		return fmt.Errorf("candidate: proxy.cert_der has more than %d characters", maxCertDERB64)
-	}
-	// The decoder skips CR/LF even in strict mode; clients do not.
-	der, err := base64.StdEncoding.Strict().DecodeString(c.Proxy.CertDER)
-	if err != nil || strings.ContainsAny(c.Proxy.CertDER, "\r\n") {
-		return errors.New("candidate: proxy.cert_der is not standard base64")
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return fmt.Errorf("candidate: proxy.cert_der: %w", err)
-	}
-	if !pinning.PinMatches(cert, c.Proxy.PinSHA256) {
-		return errors.New("candidate: proxy.pin_sha256 is not the pin of proxy.cert_der")
 	}
 	if len(c.Proxy.Surfaces) == 0 {
 		return errors.New("candidate: proxy.surfaces is empty")

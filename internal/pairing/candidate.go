@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -74,34 +73,37 @@ func (c PluginProxyCandidate) Validate() error {
 	if !c.Recommended || c.Security != surface.Security {
 		return errors.New("a plugin_proxy candidate must be recommended with security pinned_tls, or clients do not pin it")
 	}
-	u, err := url.Parse(c.Proxy.URL)
+	_, err := checkPinnedProxy(c.Proxy.URL, c.Proxy.PinSHA256, c.Proxy.CertDER)
+	return err
+}
+
+// checkPinnedProxy is what every candidate that names the front (the
+// plugin_proxy one and a broker route's proxy) must hold, as the clients
+// check it before they pin: exactly https://host:port, a pin, and cert_der
+// in standard base64, a certificate whose pin it is. It returns the
+// authority.
+func checkPinnedProxy(rawURL, pin, certDER string) (pinning.Authority, error) {
+	a, err := proxyAuthority(rawURL)
 	if err != nil {
-		return fmt.Errorf("candidate url: %w", err)
+		return a, err
 	}
-	if u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
-		u.ForceQuery || (u.Path != "" && u.Path != "/") || u.Opaque != "" {
-		return fmt.Errorf("candidate url %q: want https://host:port with no path, query, fragment or user info", c.Proxy.URL)
+	if _, err := pinning.ParsePin(pin); err != nil {
+		return a, fmt.Errorf("candidate: proxy.pin_sha256: %w", err)
 	}
-	if _, err := pinning.ParseAuthority(u.Host); err != nil {
-		return fmt.Errorf("candidate url: %w", err)
-	}
-	if _, err := pinning.ParsePin(c.Proxy.PinSHA256); err != nil {
-		return fmt.Errorf("candidate pin_sha256: %w", err)
-	}
-	if len(c.Proxy.CertDER) > maxCertDERB64 {
-		return fmt.Errorf("candidate cert_der has %d characters; clients accept at most %d", len(c.Proxy.CertDER), maxCertDERB64)
+	if len(certDER) > maxCertDERB64 {
+		return a, fmt.Errorf("candidate: proxy.cert_der has %d characters; clients accept at most %d", len(certDER), maxCertDERB64)
 	}
 	// The decoder skips CR/LF even in strict mode; clients do not.
-	der, err := base64.StdEncoding.Strict().DecodeString(c.Proxy.CertDER)
-	if err != nil || strings.ContainsAny(c.Proxy.CertDER, "\r\n") {
-		return errors.New("candidate cert_der is not standard base64")
+	der, err := base64.StdEncoding.Strict().DecodeString(certDER)
+	if err != nil || strings.ContainsAny(certDER, "\r\n") {
+		return a, errors.New("candidate: proxy.cert_der is not standard base64")
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return fmt.Errorf("candidate cert_der: %w", err)
+		return a, fmt.Errorf("candidate: proxy.cert_der: %w", err)
 	}
-	if !pinning.PinMatches(cert, c.Proxy.PinSHA256) {
-		return fmt.Errorf("candidate pin_sha256 is not the pin of cert_der (%s)", pinning.SPKIPin(cert))
+	if !pinning.PinMatches(cert, pin) {
+		return a, fmt.Errorf("candidate: proxy.pin_sha256 is not the pin of proxy.cert_der (%s)", pinning.SPKIPin(cert))
 	}
-	return nil
+	return a, nil
 }

@@ -81,6 +81,7 @@ func TestCandidateValidateRejects(t *testing.T) {
 		"http":          func(c *PluginProxyCandidate) { c.Proxy.URL = "http://192.0.2.1:9443" },
 		"path":          func(c *PluginProxyCandidate) { c.Proxy.URL = "https://192.0.2.1:9443/relay" },
 		"query":         func(c *PluginProxyCandidate) { c.Proxy.URL = "https://192.0.2.1:9443?x=1" },
+		"bare fragment": func(c *PluginProxyCandidate) { c.Proxy.URL = "https://192.0.2.1:9443#" },
 		"userinfo":      func(c *PluginProxyCandidate) { c.Proxy.URL = "https://u@192.0.2.1:9443" },
 		"no port":       func(c *PluginProxyCandidate) { c.Proxy.URL = "https://192.0.2.1" },
 		"bad pin":       func(c *PluginProxyCandidate) { c.Proxy.PinSHA256 = "sha256/abc=" },

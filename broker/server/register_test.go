@@ -400,6 +400,43 @@ func TestReplayQuotaIsPerCredentialAndPerHost(t *testing.T) {
 	loop(h0, 0, b, 1)
 }
 
+// At the default shares, one credential in a reconnect loop reaches its
+// own limit well before its host's: another credential of the same host
+// still matches. (The per-credential default was above the per-host one,
+// so the loop spent the household's whole day.)
+func TestDefaultReplayShareOfOneCredentialLeavesItsHostRoom(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxStreamsPerRoute = 16 })
+	if e.cfg.ReplayPerCredential >= e.cfg.ReplayPerHost {
+		t.Errorf("default replay_per_credential %d is not below replay_per_host %d", e.cfg.ReplayPerCredential, e.cfg.ReplayPerHost)
+	}
+	host := e.host(0)
+	a, b := wire.NewToken(), wire.NewToken()
+	e.publishRoute(host, "a", a)
+	e.publishRoute(host, "b", b)
+	matched := 0
+	for matched <= e.cfg.ReplayPerHost {
+		c := e.dial()
+		e.register(c, wire.RoleClient, e.hosts[0].id, wire.KindRoute, a, wire.NewID())
+		if m, ok := readMsg(t, c).(wire.ErrorMsg); ok {
+			if m.Code != wire.CodeQuotaExceeded {
+				t.Fatalf("after %d matches: %s", matched, m.Code)
+			}
+			break
+		}
+		if _, ok := readMsg(t, host).(wire.Open); !ok {
+			t.Fatal("host did not get open")
+		}
+		c.Close(1000, "")
+		readBinary(t, host)
+		matched++
+	}
+	if matched != e.cfg.ReplayPerCredential {
+		t.Errorf("one credential matched %d times, want its share %d", matched, e.cfg.ReplayPerCredential)
+	}
+	c, _ := e.client(host, 0, wire.KindRoute, b)
+	c.Close(1000, "")
+}
+
 // Host registrations have their own table, bounded too: when it is full,
 // hosts get quota_exceeded, and clients still match.
 func TestHostReplayTableIsSeparate(t *testing.T) {

@@ -138,9 +138,11 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 		hostKeys: hosts,
 		hosts:    map[wire.ID]*hostSession{},
 		state:    state,
-		// One host's registrations may fill at most a sixteenth of the
-		// host table (all of a tiny one).
-		hostReplay:   store.NewReplayCache(cfg.TableEntries, max(16, cfg.TableEntries/16), 0),
+		// Each host keeps its max_hosts-th of the host table (at least 16
+		// connection_ids); past it, or with the table full, its own oldest
+		// (else the oldest) is forgotten rather than the registration
+		// refused (store.NewHostReplayCache says why that is safe).
+		hostReplay:   store.NewHostReplayCache(cfg.TableEntries, hostReplayShare(cfg)),
 		clientReplay: store.NewReplayCache(cfg.MaxHosts*cfg.ReplayPerHost, cfg.ReplayPerHost, cfg.ReplayPerCredential),
 		closedIDs:    store.NewTable[wire.ID, wire.ID](cfg.TableEntries),
 		routeLive:    map[wire.Digest]int{},
@@ -379,8 +381,12 @@ func (b *Broker) registerHost(ctx context.Context, c msgconn.Conn, reg wire.Regi
 	if old == nil && len(b.hosts) >= b.cfg.MaxHosts {
 		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "max_hosts online"}
 	}
+	evicted := b.hostReplay.Evicted
 	if !b.hostReplay.Add(reg.ConnectionID, reg.HostID, wire.Digest{}, now+replaySeconds, now) {
-		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "host replay table full"}
+		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "host replay table full"} // not reached: it makes room
+	}
+	if b.hostReplay.Evicted != evicted {
+		b.count("host:replay_evicted")
 	}
 	h := b.newHostSession(ctx, c, reg, d)
 	if old != nil {
@@ -430,6 +436,9 @@ func (b *Broker) serveClient(ctx context.Context, c msgconn.Conn, reg wire.Regis
 func (b *Broker) replayed(id wire.ID, now int64) bool {
 	return b.hostReplay.Seen(id, now) || b.clientReplay.Seen(id, now)
 }
+
+// hostReplayShare is one host's share of the host replay table.
+func hostReplayShare(cfg Config) int { return max(16, cfg.TableEntries/max(1, cfg.MaxHosts)) }
 
 // replaySeconds is how long an accepted connection_id is remembered.
 const replaySeconds = int64(wire.ReplayTTL / time.Second)

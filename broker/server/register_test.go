@@ -437,25 +437,56 @@ func TestDefaultReplayShareOfOneCredentialLeavesItsHostRoom(t *testing.T) {
 	c.Close(1000, "")
 }
 
-// Host registrations have their own table, bounded too: when it is full,
-// hosts get quota_exceeded, and clients still match.
-func TestHostReplayTableIsSeparate(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.TableEntries = 16 })
+// Host registrations have their own table, bounded too, and a host in a
+// registration loop can lock no host out: past its share (the table over
+// max_hosts, at least 16) it forgets its own oldest connection_ids, and a
+// full table forgets the oldest of all. Its recent connection_ids stay
+// replay-protected, and clients still match.
+func TestHostReplayTableIsSeparateAndNeverLocksHostsOut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.TableEntries, c.MaxHosts = 32, 2 })
 	host := e.host(0)
 	tok := wire.NewToken()
 	e.publishRoute(host, "r1", tok)
-	for i := 1; i < 16; i++ {
-		e.host(1)
+	var recent []wire.ID
+	for i := 0; i < 40; i++ {
+		conn := wire.NewID()
+		e.hostWith(1, conn)
+		recent = append(recent, conn)
 	}
-	p := e.dial()
-	e.register(p, wire.RoleHost, e.hosts[1].id, wire.KindHost, e.hosts[1].token, wire.NewID())
-	if code := expectError(t, p); code != wire.CodeQuotaExceeded {
-		t.Fatalf("host registration with a full host table: %s", code)
+	if n, _ := e.b.hostReplay.Counts(e.hosts[1].id, wire.Digest{}); n != 16 {
+		t.Errorf("host 1 holds %d host replay entries, want its share 16", n)
 	}
+	for _, conn := range recent[len(recent)-16:] {
+		p := e.dial()
+		e.register(p, wire.RoleHost, e.hosts[1].id, wire.KindHost, e.hosts[1].token, conn)
+		if code := expectError(t, p); code != wire.CodeReplayed {
+			t.Fatalf("replayed recent host connection_id: %s", code)
+		}
+	}
+	host = e.host(0)
+	e.publishRoute(host, "r2", tok)
 	for i := 0; i < 3; i++ {
 		c, _ := e.client(host, 0, wire.KindRoute, tok)
 		c.Close(1000, "")
 		readBinary(t, host)
+	}
+}
+
+// With more hosts holding entries than the table has shares for, a full
+// table forgets its oldest entry: the next host still registers.
+func TestFullHostReplayTableForgetsItsOldest(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.TableEntries = 16 })
+	e.host(0)
+	for i := 1; i < 16; i++ {
+		e.host(1)
+	}
+	e.host(1)
+	e.host(0)
+	if n := e.b.hostReplay.Len(); n != 16 {
+		t.Fatalf("host table holds %d entries, want 16", n)
+	}
+	if got := e.b.Stats().Counts["host:replay_evicted"]; got != 2 {
+		t.Fatalf("counted %d evictions, want 2", got)
 	}
 }
 

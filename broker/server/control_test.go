@@ -382,8 +382,25 @@ func TestOneHostCannotFillTheRevokedTable(t *testing.T) {
 	}
 	tok := wire.NewToken()
 	e.publishRoute(victim, "phone", tok)
-	c, _ := e.client(victim, 0, wire.KindRoute, tok)
-	revoke(victim, "phone")
+	c, id := e.client(victim, 0, wire.KindRoute, tok)
+	m, _ := wire.Marshal(wire.Revoke{CredentialID: "phone"})
+	sendText(t, victim, string(m))
+	// The reply and the stream's CLOSE, in either order.
+	for i := 0; i < 2; i++ {
+		typ, data, err := read(t, victim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == Binary {
+			if f, _ := wire.ParseFrame(data); f.Flags != wire.FlagClose || f.StreamID != id {
+				t.Fatalf("victim host got %+v", f)
+			}
+			continue
+		}
+		if m, _ := wire.ParseBrokerMessage(data); m != (wire.Revoked{CredentialID: "phone"}) {
+			t.Fatalf("the other host's revoke answered %#v", m)
+		}
+	}
 	if code, _ := expectClose(t, c); code != wire.ClosePolicy {
 		t.Fatalf("revoked credential's stream closed with %d, want 1008", code)
 	}

@@ -428,11 +428,14 @@ func (se *streamEnv) queuedDown(i int) int {
 // stream's 8 MiB applied, so 16 slow clients of one host kept ~128 MiB
 // queued). Once the clients read, everything arrives byte-exact.
 func TestPlainClientBoundQueuesAreCappedPerHost(t *testing.T) {
-	se := newStreamEnv(t, func(c *Config) { c.HostQueueBytes = 2 * wire.MaxHostFrameIn })
+	// The streams' own queues (64 frames, 8 MiB) hold what the host sends
+	// them; together they are more than the host's cap plus what the
+	// clients' pipes take.
+	se := newStreamEnv(t, func(c *Config) { c.HostQueueBytes, c.StreamQueueFrames = 2*wire.MaxHostFrameIn, 64 })
 	se.pipeN = 2
 	se.host = se.env.host(0)
 	se.publishRoute(se.host, "r2", se.token2())
-	const streams, frames, size = 4, 20, 64 << 10
+	const streams, frames, size = 4, 40, 64 << 10
 	clients := make([]*pipeConn, streams)
 	ids := make([]wire.ID, streams)
 	want := make([][]byte, streams)

@@ -123,6 +123,9 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 		log.Warn().Int("bytes", info.TornBytes).Msg("state journal ends in a write torn by a crash; it was never acknowledged and is ignored")
 	}
 	state, dropped := store.Restore(snap, hosts, cfg.TableEntries, cfg.MaxCredentialsPerHost, cfg.now())
+	// Each host's revokes keep at most its share of the revoked table
+	// (store.State.Revoke), so one host cannot fill it for the others.
+	state.SetRevokedShare(tableShare(cfg))
 	if dropped > 0 {
 		log.Warn().Int("dropped", dropped).Msg("state file holds more entries than the configured bounds; the excess was dropped")
 	}
@@ -138,9 +141,11 @@ func New(cfg Config, log zerolog.Logger) (*Broker, error) {
 		hostKeys: hosts,
 		hosts:    map[wire.ID]*hostSession{},
 		state:    state,
-		// One host's registrations may fill at most a sixteenth of the
-		// host table (all of a tiny one).
-		hostReplay:   store.NewReplayCache(cfg.TableEntries, max(16, cfg.TableEntries/16), 0),
+		// Each host keeps its max_hosts-th of the host table (at least 16
+		// connection_ids); past it, or with the table full, its own oldest
+		// (else the oldest) is forgotten rather than the registration
+		// refused (store.NewHostReplayCache says why that is safe).
+		hostReplay:   store.NewHostReplayCache(cfg.TableEntries, tableShare(cfg)),
 		clientReplay: store.NewReplayCache(cfg.MaxHosts*cfg.ReplayPerHost, cfg.ReplayPerHost, cfg.ReplayPerCredential),
 		closedIDs:    store.NewTable[wire.ID, wire.ID](cfg.TableEntries),
 		routeLive:    map[wire.Digest]int{},
@@ -379,8 +384,12 @@ func (b *Broker) registerHost(ctx context.Context, c msgconn.Conn, reg wire.Regi
 	if old == nil && len(b.hosts) >= b.cfg.MaxHosts {
 		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "max_hosts online"}
 	}
+	evicted := b.hostReplay.Evicted
 	if !b.hostReplay.Add(reg.ConnectionID, reg.HostID, wire.Digest{}, now+replaySeconds, now) {
-		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "host replay table full"}
+		return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "host replay table full"} // not reached: it makes room
+	}
+	if b.hostReplay.Evicted != evicted {
+		b.count("host:replay_evicted")
 	}
 	h := b.newHostSession(ctx, c, reg, d)
 	if old != nil {
@@ -430,6 +439,11 @@ func (b *Broker) serveClient(ctx context.Context, c msgconn.Conn, reg wire.Regis
 func (b *Broker) replayed(id wire.ID, now int64) bool {
 	return b.hostReplay.Seen(id, now) || b.clientReplay.Seen(id, now)
 }
+
+// tableShare is one host's share of a tracking table it fills by its own
+// doing (host registrations, revokes): the table over max_hosts, at least
+// 16 entries. 100 at the defaults.
+func tableShare(cfg Config) int { return max(16, cfg.TableEntries/max(1, cfg.MaxHosts)) }
 
 // replaySeconds is how long an accepted connection_id is remembered.
 const replaySeconds = int64(wire.ReplayTTL / time.Second)

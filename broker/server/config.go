@@ -68,8 +68,10 @@ type Config struct {
 	// the replay cache (kept 24 h + 5 min each) of one credential and of all
 	// of one host's credentials together; past either, that credential's or
 	// host's matches get quota_exceeded until entries expire. The client
-	// table is bounded by MaxHosts × ReplayPerHost. Defaults 10,000 and 2,000
-	// (wire.ReplayPerHost says why not the spec's 50,000).
+	// table is bounded by MaxHosts × ReplayPerHost. Defaults 500 and 2,000
+	// (wire.ReplayPerHost says why not the spec's 10,000 and 50,000); the
+	// per-credential share must be below the per-host one, else one
+	// credential can spend all of its host's.
 	ReplayPerCredential int
 	ReplayPerHost       int
 	// MaxRateSources bounds the sources the rate limiter tracks at once;
@@ -279,6 +281,10 @@ func (c *Config) Validate() error {
 		if f.v < f.lo || f.v > f.h {
 			bad(f.key, "must be %d..%d, not %d", f.lo, f.h, f.v)
 		}
+	}
+	if c.ReplayPerCredential >= c.ReplayPerHost {
+		bad("replay_per_credential", "must be below replay_per_host (%d), not %d: one credential would spend its host's whole share",
+			c.ReplayPerHost, c.ReplayPerCredential)
 	}
 	if !c.DisableCredit && c.HostCreditBytes/wire.InitialWindow < c.MaxStreamsPerHost {
 		// Else streams that hold their initial window unused could keep the

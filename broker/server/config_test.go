@@ -25,7 +25,7 @@ func TestDefaultConfigNeedsOnlyFilesAndTLS(t *testing.T) {
 	}
 	// max_hosts and replay_per_host deviate from the spec's 256 and 50,000
 	// on purpose (docs/decisions.md "Broker defaults for a public broker").
-	if c.Listen != ":9444" || c.MaxHosts != 10_000 || c.ReplayPerHost != 2_000 || c.ReplayPerCredential != 10_000 || c.MaxStreamsPerHost != 16 || c.MaxStreamsPerRoute != 4 ||
+	if c.Listen != ":9444" || c.MaxHosts != 10_000 || c.ReplayPerHost != 2_000 || c.ReplayPerCredential != 500 || c.MaxStreamsPerHost != 16 || c.MaxStreamsPerRoute != 4 ||
 		c.AttemptsPerMinute != 30 || c.MaxQueueBytes != 512<<20 || c.RegisterTimeout != 10*time.Second ||
 		c.PingInterval != 15*time.Second || c.PongTimeout != 45*time.Second || c.IdleTimeout != 5*time.Minute ||
 		c.SlowConsumerTimeout != 10*time.Second || c.TableEntries != 1_000_000 {
@@ -56,6 +56,8 @@ func TestConfigValidate(t *testing.T) {
 		"tiny queue":                 func(c *Config) { c.MaxQueueBytes = 1024 },
 		"same files":                 func(c *Config) { c.StateFile = c.HostsFile },
 		"log level":                  func(c *Config) { c.LogLevel = "loud" },
+		"credential share = host's":  func(c *Config) { c.ReplayPerCredential = c.ReplayPerHost },
+		"credential share > host's":  func(c *Config) { c.ReplayPerCredential, c.ReplayPerHost = 10_000, 2_000 },
 	}
 	for name, mutate := range cases {
 		c := base()

@@ -346,3 +346,75 @@ func TestRevokeClosesLiveStreams(t *testing.T) {
 		t.Fatalf("host got %q", got)
 	}
 }
+
+// One host publishing and revoking in a loop keeps only its share of the
+// revoked table (table_entries/max_hosts): its own revokes go on working,
+// and another host's revoke still answers revoked and its revoked token is
+// refused as revoked. (The table had no per-host share: the loop filled
+// it, and every other host's revoke got quota_exceeded, its credential
+// left valid.)
+func TestOneHostCannotFillTheRevokedTable(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.TableEntries, c.MaxHosts = 64, 2 })
+	attacker, victim := e.host(1), e.host(0)
+	revoke := func(p *pipeConn, id string) {
+		t.Helper()
+		m, _ := wire.Marshal(wire.Revoke{CredentialID: id})
+		sendText(t, p, string(m))
+		expectMsg(t, p, wire.Revoked{CredentialID: id})
+	}
+	far := e.clock.Now().Add(90 * 24 * time.Hour).Unix()
+	refused := 0
+	for i := 0; i < 3*64; i++ {
+		id := fmt.Sprintf("loop%d", i)
+		e.publishRouteExp(attacker, id, wire.NewToken(), far)
+		expectMsg(t, attacker, wire.Published{CredentialKind: wire.KindRoute, Label: id})
+		m, _ := wire.Marshal(wire.Revoke{CredentialID: id})
+		sendText(t, attacker, string(m))
+		if _, ok := readMsg(t, attacker).(wire.Revoked); !ok {
+			refused++
+		}
+	}
+	if refused > 0 {
+		t.Errorf("%d of the looping host's own revokes were refused", refused)
+	}
+	if n := e.b.state.RevokedBy(e.hosts[1].id); n != 32 {
+		t.Errorf("the looping host holds %d revoked digests, want its share 32", n)
+	}
+	tok := wire.NewToken()
+	e.publishRoute(victim, "phone", tok)
+	c, id := e.client(victim, 0, wire.KindRoute, tok)
+	m, _ := wire.Marshal(wire.Revoke{CredentialID: "phone"})
+	sendText(t, victim, string(m))
+	// The reply and the stream's CLOSE, in either order.
+	for i := 0; i < 2; i++ {
+		typ, data, err := read(t, victim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == Binary {
+			if f, _ := wire.ParseFrame(data); f.Flags != wire.FlagClose || f.StreamID != id {
+				t.Fatalf("victim host got %+v", f)
+			}
+			continue
+		}
+		if m, _ := wire.ParseBrokerMessage(data); m != (wire.Revoked{CredentialID: "phone"}) {
+			t.Fatalf("the other host's revoke answered %#v", m)
+		}
+	}
+	if code, _ := expectClose(t, c); code != wire.ClosePolicy {
+		t.Fatalf("revoked credential's stream closed with %d, want 1008", code)
+	}
+	if code := e.refused(0, wire.KindRoute, tok, wire.NewID()); code != wire.CodeRevoked {
+		t.Fatalf("revoked credential: %s", code)
+	}
+	// The loop goes on; the victim's revoked digest stays.
+	for i := 0; i < 64; i++ {
+		id := fmt.Sprintf("more%d", i)
+		e.publishRouteExp(attacker, id, wire.NewToken(), far)
+		expectMsg(t, attacker, wire.Published{CredentialKind: wire.KindRoute, Label: id})
+		revoke(attacker, id)
+	}
+	if code := e.refused(0, wire.KindRoute, tok, wire.NewID()); code != wire.CodeRevoked {
+		t.Fatalf("revoked credential after more of the loop: %s", code)
+	}
+}

@@ -406,3 +406,167 @@ func TestKeepaliveForgivesPausedReaders(t *testing.T) {
 		t.Fatal("not dropped after the pause ended")
 	}
 }
+
+// queuedDown sums the client-bound bytes queued for host i's live streams.
+func (se *streamEnv) queuedDown(i int) int {
+	h := se.session(i)
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, s := range h.streams {
+		n += s.downBytes
+	}
+	return n
+}
+
+// In plain v1 all of a host's client-bound queues together hold at most
+// host_queue_bytes, as its host-bound ones do: past it the broker stops
+// reading the host socket until a client drains (before, only each
+// stream's 8 MiB applied, so 16 slow clients of one host kept ~128 MiB
+// queued). Once the clients read, everything arrives byte-exact.
+func TestPlainClientBoundQueuesAreCappedPerHost(t *testing.T) {
+	// The streams' own queues (64 frames, 8 MiB) hold what the host sends
+	// them; together they are more than the host's cap plus what the
+	// clients' pipes take.
+	se := newStreamEnv(t, func(c *Config) { c.HostQueueBytes, c.StreamQueueFrames = 2*wire.MaxHostFrameIn, 64 })
+	se.pipeN = 2
+	se.host = se.env.host(0)
+	se.publishRoute(se.host, "r2", se.token2())
+	const streams, frames, size = 4, 40, 64 << 10
+	clients := make([]*pipeConn, streams)
+	ids := make([]wire.ID, streams)
+	want := make([][]byte, streams)
+	for i := range clients {
+		clients[i], ids[i] = se.client(se.host, 0, wire.KindRoute, se.tok2)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*step)
+		defer cancel()
+		for j := 0; j < frames; j++ {
+			for i := range ids {
+				if err := se.host.Write(ctx, Binary, dataFrame(ids[i], bytes.Repeat([]byte{byte(16*i + j)}, size))); err != nil {
+					sent <- err
+					return
+				}
+			}
+		}
+		sent <- nil
+	}()
+	for i := range want {
+		for j := 0; j < frames; j++ {
+			want[i] = append(want[i], bytes.Repeat([]byte{byte(16*i + j)}, size)...)
+		}
+	}
+	var over atomic.Int64
+	stop := sample(time.Millisecond, func() {
+		if n := se.queuedDown(0); n > se.cfg.HostQueueBytes {
+			over.Store(int64(n))
+		}
+	})
+	allSent := false
+	waitFor(t, "the host to be paused or to send everything", func() bool {
+		select {
+		case err := <-sent:
+			if err != nil {
+				t.Fatal(err)
+			}
+			allSent = true
+		default:
+		}
+		return allSent || se.b.Stats().Counts["paused:host"] > 0
+	})
+	if n := se.queuedDown(0); n > se.cfg.HostQueueBytes || allSent {
+		t.Errorf("the host sent everything (%v) with %d client-bound bytes queued, cap %d", allSent, n, se.cfg.HostQueueBytes)
+	}
+	got := make([][]byte, streams)
+	done := make(chan int, streams)
+	for i, c := range clients {
+		go func() {
+			for len(got[i]) < len(want[i]) {
+				typ, data, err := read(t, c)
+				if err != nil || typ != Binary {
+					break
+				}
+				got[i] = append(got[i], data...)
+			}
+			done <- i
+		}()
+	}
+	for range clients {
+		<-done
+	}
+	if !allSent {
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("stream %d: got %d bytes, want %d, or they differ", i, len(got[i]), len(want[i]))
+		}
+	}
+	if v := over.Load(); v != 0 {
+		t.Fatalf("the host's client-bound queues held %d bytes, above %d", v, se.cfg.HostQueueBytes)
+	}
+	if n := se.b.Stats().Counts["stream:slow_consumer"]; n != 0 {
+		t.Fatalf("%d slow-consumer closes", n)
+	}
+}
+
+// When a host waits on its per-host client-bound cap, the stream holding
+// it whose client makes no progress for slow_consumer_timeout is closed
+// (1013), as a stream with a full queue of its own is, and the host's
+// other streams continue.
+func TestHostCapClosesTheStalledStreamAndOthersContinue(t *testing.T) {
+	se := newStreamEnv(t, func(c *Config) {
+		c.HostQueueBytes = 2 * wire.MaxHostFrameIn
+		c.StreamQueueFrames = 64
+		c.SlowConsumerTimeout = 300 * time.Millisecond
+		c.ClientWriteChunk = 1024
+	})
+	se.pipeN = 4
+	se.host = se.env.host(0)
+	se.publishRoute(se.host, "r2", se.token2())
+	stuck, stuckID := se.client(se.host, 0, wire.KindRoute, se.tok2)
+	moving, movingID := se.client(se.host, 0, wire.KindRoute, se.tok2)
+	const size = 64 << 10
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), step)
+		defer cancel()
+		// 32 frames fit the stuck stream's own queue (64 frames, 8 MiB)
+		// and fill the host's; the other stream's frame must wait.
+		for i := 0; i < 32; i++ {
+			if err := se.host.Write(ctx, Binary, dataFrame(stuckID, bytes.Repeat([]byte("s"), size))); err != nil {
+				t.Errorf("host write %d: %v", i, err)
+				return
+			}
+		}
+		se.host.Write(ctx, Binary, dataFrame(movingID, bytes.Repeat([]byte("m"), size)))
+	}()
+	start := time.Now()
+	if got := readBinary(t, se.host); !bytes.Equal(got, closeFrame(stuckID)) {
+		t.Fatalf("host got %x, want CLOSE for the stuck stream", got)
+	}
+	if time.Since(start) < 300*time.Millisecond {
+		t.Fatal("closed before the slow-consumer timeout")
+	}
+	var got []byte
+	for len(got) < size {
+		got = append(got, readBinary(t, moving)...)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte("m"), size)) {
+		t.Fatalf("other stream got %d bytes", len(got))
+	}
+	if _, code := drainUntilClose(t, stuck); code != wire.CloseTryAgain {
+		t.Fatalf("stuck client closed %d", code)
+	}
+	if n := se.b.Stats().Counts["stream:slow_consumer"]; n != 1 {
+		t.Fatalf("%d slow-consumer closes", n)
+	}
+	se.alive(se.host)
+}

@@ -50,7 +50,12 @@ type hostSession struct {
 	rr       msgconn.RoundRobin[*stream] // streams with host-bound frames or a CLOSE to send
 	upBytes  int                         // all host-bound queues together
 	upSpace  broadcast                   // fired whenever host-bound space frees
-	end      *hostEnd
+	// downPlain is the client-bound bytes queued for plain v1 streams,
+	// capped by HostQueueBytes like the host-bound ones (credit streams
+	// are capped by HostCreditBytes); downSpace fires when it shrinks.
+	downPlain int
+	downSpace broadcast
+	end       *hostEnd
 
 	// The credit extension. offered: registered offered it. credit: the
 	// host agreed, so every stream of this registration runs under it;
@@ -617,21 +622,34 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 			}
 			continue
 		}
-		fits := len(s.down) == 0 ||
+		streamFits := len(s.down) == 0 ||
 			(len(s.down) < b.cfg.StreamQueueFrames && s.downBytes+n <= b.cfg.StreamQueueBytes)
+		// All of a host's plain client-bound queues together hold at most
+		// HostQueueBytes, as its host-bound ones do: else its 16 streams
+		// could keep 16 × 8 MiB queued.
+		hostFits := h.downPlain == 0 || h.downPlain+n <= b.cfg.HostQueueBytes
+		fits := streamFits && hostFits
 		var wait <-chan struct{}
-		if fits {
+		// slow is the stream whose client must make progress for this one
+		// to go on: this one when its own queue is full, else the host's
+		// stream with queued bytes that progressed least recently.
+		var slow *stream
+		switch {
+		case fits:
 			ok, ch := b.budget.acquire(n)
 			if ok {
 				s.down = append(s.down, payload)
 				s.downBytes += n
+				h.downPlain += n
 				h.mu.Unlock()
 				s.downWake.kick()
 				return true
 			}
 			wait = ch
-		} else {
-			wait = s.downSpace
+		case !streamFits:
+			wait, slow = s.downSpace, s
+		default:
+			wait, slow = h.downSpace.wait(), h.stalestPlainLocked()
 		}
 		h.mu.Unlock()
 
@@ -642,21 +660,24 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 		}
 		var timeout <-chan time.Time
 		var timer *time.Timer
-		if !fits {
+		if slow != nil {
 			last := waitStart
-			if p := time.Unix(0, s.lastProgress.Load()); p.After(last) {
+			if p := time.Unix(0, slow.lastProgress.Load()); p.After(last) {
 				last = p
 			}
 			stalled := now.Sub(last)
 			if stalled >= b.cfg.SlowConsumerTimeout {
-				s.logged(s.h.log.Info()).Dur("stalled", stalled).Msg("client made no progress on its full queue; closing its stream")
+				slow.logged(slow.h.log.Info()).Dur("stalled", stalled).Msg("client made no progress on its full queue; closing its stream")
 				// No cancel: the client's writer is stuck in a write, and
 				// cutting it tears the socket down, so the 1013 would never
 				// arrive. The write finishes if the client reads again (then
 				// 1013 follows) or fails after WriteTimeout; the queued data
 				// is released now either way.
-				b.endStream(s, streamEnd{code: wire.CloseTryAgain, reason: "slow consumer", toHost: true, stat: "slow_consumer"})
-				return true
+				b.endStream(slow, streamEnd{code: wire.CloseTryAgain, reason: "slow consumer", toHost: true, stat: "slow_consumer"})
+				if slow == s {
+					return true
+				}
+				continue // the host's queues have room again
 			}
 			timer = time.NewTimer(b.cfg.SlowConsumerTimeout - stalled)
 			timeout = timer.C
@@ -681,6 +702,22 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 		default:
 		}
 	}
+}
+
+// stalestPlainLocked (h.mu held) is the plain stream with client-bound
+// bytes queued whose client progressed least recently, nil when none.
+func (h *hostSession) stalestPlainLocked() *stream {
+	var slow *stream
+	var at int64
+	for _, o := range h.streams {
+		if o.credit || o.downBytes == 0 {
+			continue
+		}
+		if p := o.lastProgress.Load(); slow == nil || p < at {
+			slow, at = o, p
+		}
+	}
+	return slow
 }
 
 // ---------------------------------------------------------------------------

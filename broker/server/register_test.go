@@ -400,25 +400,93 @@ func TestReplayQuotaIsPerCredentialAndPerHost(t *testing.T) {
 	loop(h0, 0, b, 1)
 }
 
-// Host registrations have their own table, bounded too: when it is full,
-// hosts get quota_exceeded, and clients still match.
-func TestHostReplayTableIsSeparate(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.TableEntries = 16 })
+// At the default shares, one credential in a reconnect loop reaches its
+// own limit well before its host's: another credential of the same host
+// still matches. (The per-credential default was above the per-host one,
+// so the loop spent the household's whole day.)
+func TestDefaultReplayShareOfOneCredentialLeavesItsHostRoom(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxStreamsPerRoute = 16 })
+	if e.cfg.ReplayPerCredential >= e.cfg.ReplayPerHost {
+		t.Errorf("default replay_per_credential %d is not below replay_per_host %d", e.cfg.ReplayPerCredential, e.cfg.ReplayPerHost)
+	}
+	host := e.host(0)
+	a, b := wire.NewToken(), wire.NewToken()
+	e.publishRoute(host, "a", a)
+	e.publishRoute(host, "b", b)
+	matched := 0
+	for matched <= e.cfg.ReplayPerHost {
+		c := e.dial()
+		e.register(c, wire.RoleClient, e.hosts[0].id, wire.KindRoute, a, wire.NewID())
+		if m, ok := readMsg(t, c).(wire.ErrorMsg); ok {
+			if m.Code != wire.CodeQuotaExceeded {
+				t.Fatalf("after %d matches: %s", matched, m.Code)
+			}
+			break
+		}
+		if _, ok := readMsg(t, host).(wire.Open); !ok {
+			t.Fatal("host did not get open")
+		}
+		c.Close(1000, "")
+		readBinary(t, host)
+		matched++
+	}
+	if matched != e.cfg.ReplayPerCredential {
+		t.Errorf("one credential matched %d times, want its share %d", matched, e.cfg.ReplayPerCredential)
+	}
+	c, _ := e.client(host, 0, wire.KindRoute, b)
+	c.Close(1000, "")
+}
+
+// Host registrations have their own table, bounded too, and a host in a
+// registration loop can lock no host out: past its share (the table over
+// max_hosts, at least 16) it forgets its own oldest connection_ids, and a
+// full table forgets the oldest of all. Its recent connection_ids stay
+// replay-protected, and clients still match.
+func TestHostReplayTableIsSeparateAndNeverLocksHostsOut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.TableEntries, c.MaxHosts = 32, 2 })
 	host := e.host(0)
 	tok := wire.NewToken()
 	e.publishRoute(host, "r1", tok)
-	for i := 1; i < 16; i++ {
-		e.host(1)
+	var recent []wire.ID
+	for i := 0; i < 40; i++ {
+		conn := wire.NewID()
+		e.hostWith(1, conn)
+		recent = append(recent, conn)
 	}
-	p := e.dial()
-	e.register(p, wire.RoleHost, e.hosts[1].id, wire.KindHost, e.hosts[1].token, wire.NewID())
-	if code := expectError(t, p); code != wire.CodeQuotaExceeded {
-		t.Fatalf("host registration with a full host table: %s", code)
+	if n, _ := e.b.hostReplay.Counts(e.hosts[1].id, wire.Digest{}); n != 16 {
+		t.Errorf("host 1 holds %d host replay entries, want its share 16", n)
 	}
+	for _, conn := range recent[len(recent)-16:] {
+		p := e.dial()
+		e.register(p, wire.RoleHost, e.hosts[1].id, wire.KindHost, e.hosts[1].token, conn)
+		if code := expectError(t, p); code != wire.CodeReplayed {
+			t.Fatalf("replayed recent host connection_id: %s", code)
+		}
+	}
+	host = e.host(0)
+	e.publishRoute(host, "r2", tok)
 	for i := 0; i < 3; i++ {
 		c, _ := e.client(host, 0, wire.KindRoute, tok)
 		c.Close(1000, "")
 		readBinary(t, host)
+	}
+}
+
+// With more hosts holding entries than the table has shares for, a full
+// table forgets its oldest entry: the next host still registers.
+func TestFullHostReplayTableForgetsItsOldest(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.TableEntries = 16 })
+	e.host(0)
+	for i := 1; i < 16; i++ {
+		e.host(1)
+	}
+	e.host(1)
+	e.host(0)
+	if n := e.b.hostReplay.Len(); n != 16 {
+		t.Fatalf("host table holds %d entries, want 16", n)
+	}
+	if got := e.b.Stats().Counts["host:replay_evicted"]; got != 2 {
+		t.Fatalf("counted %d evictions, want 2", got)
 	}
 }
 

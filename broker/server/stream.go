@@ -344,6 +344,10 @@ func (s *stream) writeLoop() (closed bool) {
 		}
 		p, parts, size, kind := s.takeDown(b.cfg.ClientWriteChunk, &b.coalesce, !s.gate.JoinsParts())
 		credit := s.credit
+		if !credit {
+			h.downPlain -= size
+			h.downSpace.fire()
+		}
 		s.writing = true
 		h.mu.Unlock()
 		signal(s.downSpace)
@@ -404,6 +408,9 @@ func (s *stream) dropDownLocked() {
 	freed := s.credit && s.downBytes > 0
 	if s.credit {
 		s.h.downHeld -= s.downBytes
+	} else if s.downBytes > 0 {
+		s.h.downPlain -= s.downBytes
+		s.h.downSpace.fire()
 	}
 	s.down, s.downBytes = nil, 0
 	if freed {
@@ -425,6 +432,10 @@ func (s *stream) startCreditLocked() {
 		s.h.creditOut += s.downWin.Credit()
 	}
 	s.h.downHeld += s.downBytes
+	if s.downBytes > 0 { // no longer under the plain per-host cap
+		s.h.downPlain -= s.downBytes
+		s.h.downSpace.fire()
+	}
 	signal(s.upCredit)
 }
 

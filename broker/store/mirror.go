@@ -1,6 +1,10 @@
 package store
 
-import "time"
+import (
+	"time"
+
+	"github.com/hermes-securelink/securelink/broker/wire"
+)
 
 // ApplyOp applies a change that another broker instance of a cluster made
 // and the shared engine delivered (docs/cluster.md): it is not a change of
@@ -20,7 +24,7 @@ func (s *State) ApplyOp(op Op, now time.Time) bool {
 	case OpConsumed:
 		return s.consumed.Add(op.Digest, struct{}{}, op.ExpiresAt, now.Unix())
 	case OpRevoked:
-		return s.revoked.Add(op.Digest, struct{}{}, op.ExpiresAt, now.Unix())
+		return s.revoked.Add(op.Digest, wire.ID{}, op.ExpiresAt, now.Unix())
 	}
 	return true
 }

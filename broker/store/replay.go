@@ -18,6 +18,12 @@ type ReplayCache struct {
 	perHost map[wire.ID]int
 	maxCred int
 	maxHost int
+	// own, in a host table (NewHostReplayCache), finds each host's oldest
+	// entry: there a full share or table forgets an old entry instead of
+	// refusing the registration.
+	own *hostShares[wire.ID]
+	// Evicted counts entries forgotten before their expiry.
+	Evicted int
 }
 
 // replayOwner is what an entry is counted against. The credential is
@@ -45,7 +51,28 @@ func NewReplayCache(maxTotal, maxHost, maxCred int) *ReplayCache {
 	return r
 }
 
+// NewHostReplayCache is the replay cache of host registrations: at most
+// maxTotal entries and maxHost per host, where a registration is never
+// refused for room. Past its share a host forgets its own oldest
+// connection_id, and a full table (more hosts than maxTotal/maxHost hold
+// entries) the oldest of all: a host's connection_id guards nothing its
+// registration does not already carry, the host token, so forgetting one
+// early lets a replayer do only what the token lets anyone holding it do.
+// Refusing instead would let a few hosts that register in a loop lock
+// every host out for a day.
+func NewHostReplayCache(maxTotal, maxHost int) *ReplayCache {
+	r := NewReplayCache(maxTotal, maxHost, 0)
+	r.own = newHostShares(func(host wire.ID, id wire.ID, exp int64) bool {
+		e, ok := r.t.m[id]
+		return ok && e.exp == exp && e.v.host == host
+	})
+	return r
+}
+
 func (r *ReplayCache) forget(_ wire.ID, o replayOwner) {
+	if r.own != nil {
+		r.own.removed(o.host)
+	}
 	if r.perHost[o.host]--; r.perHost[o.host] <= 0 {
 		delete(r.perHost, o.host)
 	}
@@ -73,16 +100,47 @@ func (r *ReplayCache) Room(host wire.ID, cred wire.Digest, now int64) bool {
 // Add remembers id for host and cred until exp; it returns false, storing
 // nothing, when Room would have said no or id is already live.
 func (r *ReplayCache) Add(id wire.ID, host wire.ID, cred wire.Digest, exp, now int64) bool {
-	if exp <= now || r.Seen(id, now) || !r.Room(host, cred, now) {
+	if exp <= now || r.Seen(id, now) {
+		return false
+	}
+	if r.own != nil {
+		r.makeRoom(host, now)
+	}
+	if !r.Room(host, cred, now) {
 		return false
 	}
 	k := credKey(cred)
 	r.t.Add(id, replayOwner{host: host, cred: k}, exp, now)
+	if r.own != nil {
+		r.own.added(host, id, exp, false)
+	}
 	r.perHost[host]++
 	if k != 0 {
 		r.perCred[k]++
 	}
 	return true
+}
+
+// makeRoom (host table) forgets host's oldest entries past its share, then
+// the oldest of all while the table is full.
+func (r *ReplayCache) makeRoom(host wire.ID, now int64) {
+	r.t.Sweep(now)
+	for r.perHost[host] >= r.maxHost {
+		id, ok := r.own.oldest(host)
+		if !ok {
+			break
+		}
+		r.t.Remove(id)
+		r.Evicted++
+	}
+	for r.t.Len() >= r.t.Cap() {
+		id, ok := r.t.oldest(now)
+		if !ok {
+			break
+		}
+		r.t.Remove(id)
+		r.Evicted++
+	}
 }
 
 // Sweep forgets expired entries.

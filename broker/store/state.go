@@ -44,8 +44,14 @@ type State struct {
 	creds      map[wire.Digest]*Credential
 	byHost     map[wire.ID]map[wire.Digest]struct{}
 	consumed   *Table[wire.Digest, struct{}]
-	revoked    *Table[wire.Digest, struct{}]
 	maxPerHost int
+	// revoked holds each revoked digest with the host that revoked it (zero
+	// when unknown: read from the state file, which does not name it, or
+	// mirrored from another instance); revokedBy is its index per host,
+	// each host holding at most revokedShare entries (Revoke).
+	revoked      *Table[wire.Digest, wire.ID]
+	revokedBy    *hostShares[wire.Digest]
+	revokedShare int
 	// undo, while Record runs, collects the inverse of every change.
 	undo      []func()
 	recording bool
@@ -117,11 +123,7 @@ func (s *State) tableAdd(t *Table[wire.Digest, struct{}], k wire.Digest, exp, no
 		return false
 	}
 	if exp > now {
-		kind := OpConsumed
-		if t == s.revoked {
-			kind = OpRevoked
-		}
-		s.emit(Op{Kind: kind, Digest: k, ExpiresAt: exp})
+		s.emit(Op{Kind: OpConsumed, Digest: k, ExpiresAt: exp})
 	}
 	s.note(func() {
 		t.Remove(k)
@@ -133,6 +135,63 @@ func (s *State) tableAdd(t *Table[wire.Digest, struct{}], k wire.Digest, exp, no
 	return true
 }
 
+// addRevoked remembers d as revoked by host until exp (Revoke has made
+// room) and notes how to restore d's previous entry.
+func (s *State) addRevoked(d wire.Digest, host wire.ID, exp, now int64) {
+	if exp <= now {
+		return // already expired: nothing to remember
+	}
+	old, had := s.revoked.m[d]
+	if !s.revoked.Add(d, host, exp, now) {
+		return
+	}
+	s.emit(Op{Kind: OpRevoked, Digest: d, ExpiresAt: exp})
+	cur := s.revoked.m[d]
+	switch {
+	case had && old.v == cur.v:
+		if cur.exp != old.exp && !cur.v.IsZero() {
+			s.revokedBy.added(cur.v, d, cur.exp, true)
+		}
+	default:
+		if had && !old.v.IsZero() {
+			s.revokedBy.removed(old.v)
+		}
+		if !cur.v.IsZero() {
+			s.revokedBy.added(cur.v, d, cur.exp, false)
+		}
+	}
+	s.note(func() {
+		s.revoked.Remove(d)
+		if had {
+			s.restoreRevoked(d, old)
+		}
+	})
+}
+
+// evictRevoked forgets the revoked digest d before its expiry (Revoke says
+// why that is safe) and notes how to restore it. Nothing is journaled: an
+// entry that comes back at the next start only refuses more.
+func (s *State) evictRevoked(d wire.Digest) {
+	e := s.revoked.m[d]
+	s.revoked.Remove(d)
+	s.note(func() { s.restoreRevoked(d, e) })
+}
+
+func (s *State) restoreRevoked(d wire.Digest, e tableEntry[wire.ID]) {
+	s.revoked.m[d] = e
+	s.revoked.push(d, e.exp)
+	if !e.v.IsZero() {
+		s.revokedBy.added(e.v, d, e.exp, false)
+	}
+}
+
+// SetRevokedShare bounds the revoked digests one host holds (at least 1);
+// NewState leaves the share at the whole table.
+func (s *State) SetRevokedShare(n int) { s.revokedShare = max(1, n) }
+
+// RevokedBy counts the revoked digests attributed to host.
+func (s *State) RevokedBy(host wire.ID) int { return s.revokedBy.count(host) }
+
 // NewState returns an empty state whose consumed and revoked tables hold
 // at most tableEntries digests each and whose hosts may hold at most
 // maxPerHost live credentials each.
@@ -140,13 +199,24 @@ func NewState(tableEntries, maxPerHost int) *State {
 	if maxPerHost < 1 {
 		maxPerHost = 1
 	}
-	return &State{
-		creds:      map[wire.Digest]*Credential{},
-		byHost:     map[wire.ID]map[wire.Digest]struct{}{},
-		consumed:   NewTable[wire.Digest, struct{}](tableEntries),
-		revoked:    NewTable[wire.Digest, struct{}](tableEntries),
-		maxPerHost: maxPerHost,
+	s := &State{
+		creds:        map[wire.Digest]*Credential{},
+		byHost:       map[wire.ID]map[wire.Digest]struct{}{},
+		consumed:     NewTable[wire.Digest, struct{}](tableEntries),
+		revoked:      NewTable[wire.Digest, wire.ID](tableEntries),
+		revokedShare: max(1, tableEntries),
+		maxPerHost:   maxPerHost,
 	}
+	s.revokedBy = newHostShares(func(host wire.ID, d wire.Digest, exp int64) bool {
+		e, ok := s.revoked.m[d]
+		return ok && e.exp == exp && e.v == host
+	})
+	s.revoked.onEvict = func(_ wire.Digest, host wire.ID) {
+		if !host.IsZero() {
+			s.revokedBy.removed(host)
+		}
+	}
+	return s
 }
 
 // Lookup returns the credential with digest d, expired or not.
@@ -259,7 +329,19 @@ func (s *State) Publish(c Credential, now time.Time) (replaced []wire.Digest, er
 // Revoke deletes the route credential credentialID of host and remembers
 // each deleted digest as revoked until its expiry. It returns the deleted
 // digests (none when the credential is unknown, which is not an error: a
-// revoke is idempotent). It fails only when the revoked table is full.
+// revoke is idempotent).
+//
+// Each host holds at most its share of the revoked table: past it, the
+// host's own oldest revoked digests (the first to expire) are forgotten,
+// and while the table is full (more hosts hold entries than it has shares
+// for, or entries of unknown hosts fill it), the oldest of all. So one host
+// revoking in a loop can neither make another host's revoke fail nor push
+// out its entries. Forgetting a revoked digest early re-enables nothing:
+// the revoke deleted its credential, so a client presenting it is refused
+// (unauthorized instead of revoked), and it routes again only if a holder
+// of the host token publishes that very digest again — who can publish a
+// token of their own anyway; the connector never re-publishes a revoked
+// token (it forgets it and mints a new one).
 func (s *State) Revoke(host wire.ID, credentialID string, now time.Time) ([]wire.Digest, error) {
 	n := now.Unix()
 	var victims []wire.Digest
@@ -274,12 +356,27 @@ func (s *State) Revoke(host wire.ID, credentialID string, now time.Time) ([]wire
 				need++
 			}
 		}
-		if s.revoked.Room(n) < need {
+		for need > 0 && s.revokedBy.count(host)+need > s.revokedShare {
+			d, ok := s.revokedBy.oldest(host)
+			if !ok {
+				break
+			}
+			s.evictRevoked(d)
+		}
+		for need > 0 && s.revoked.Room(n) < need {
+			d, ok := s.revoked.oldest(n)
+			if !ok {
+				break
+			}
+			s.evictRevoked(d)
+		}
+		if s.revoked.Room(n) < need || need > s.revokedShare {
+			// Not reached: a credential_id has one live digest.
 			return nil, &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "revoked table is full"}
 		}
 	}
 	for _, d := range victims {
-		s.tableAdd(s.revoked, d, s.creds[d].ExpiresAt, n)
+		s.addRevoked(d, host, s.creds[d].ExpiresAt, n)
 		s.remove(d)
 	}
 	return victims, nil
@@ -414,7 +511,7 @@ func (s *State) Snapshot(now time.Time) Snapshot {
 	s.consumed.Each(n, func(d wire.Digest, _ struct{}, exp int64) {
 		snap.Consumed = append(snap.Consumed, DigestExpiry{d, exp})
 	})
-	s.revoked.Each(n, func(d wire.Digest, _ struct{}, exp int64) {
+	s.revoked.Each(n, func(d wire.Digest, _ wire.ID, exp int64) {
 		snap.Revoked = append(snap.Revoked, DigestExpiry{d, exp})
 	})
 	return snap
@@ -602,7 +699,7 @@ func Restore(snap Snapshot, hosts Hosts, tableEntries, maxPerHost int, now time.
 		}
 	}
 	for _, e := range snap.Revoked {
-		if !s.revoked.Add(e.Digest, struct{}{}, e.ExpiresAt, n) {
+		if !s.revoked.Add(e.Digest, wire.ID{}, e.ExpiresAt, n) {
 			dropped++
 		}
 	}

@@ -321,3 +321,79 @@ func TestReplayCacheCountsPerCredentialAndHost(t *testing.T) {
 		t.Fatalf("counts %d %d", hn, cn)
 	}
 }
+
+// A host revoking in a loop keeps only its share of the revoked table: it
+// forgets its own oldest (first-expiring) revoked digests, another host's
+// stay and its revokes work; a revoke that is undone (its write failed)
+// brings the evicted entries back; and a table full of entries of unknown
+// hosts (a state file does not name them) forgets its oldest rather than
+// refusing the revoke.
+func TestRevokedTableSharesPerHost(t *testing.T) {
+	a, b := wire.NewID(), wire.NewID()
+	s := NewState(40, 10)
+	s.SetRevokedShare(8)
+	now := t0.Unix()
+	loop := func(host wire.ID, prefix string, n int) []wire.Digest {
+		t.Helper()
+		var ds []wire.Digest
+		for i := 0; i < n; i++ {
+			id := prefix + string(rune('a'+i%26)) + string(rune('a'+i/26))
+			if _, err := s.Publish(route(host, id, prefix+id, now+1000+int64(i)), t0); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Revoke(host, id, t0)
+			if err != nil || len(got) != 1 {
+				t.Fatalf("revoke %d of host: %v %v", i, got, err)
+			}
+			ds = append(ds, got[0])
+		}
+		return ds
+	}
+	bs := loop(b, "b", 3)
+	as := loop(a, "a", 100)
+	if s.RevokedBy(a) != 8 || s.RevokedBy(b) != 3 {
+		t.Fatalf("shares a=%d b=%d", s.RevokedBy(a), s.RevokedBy(b))
+	}
+	for i, d := range as {
+		if want := i >= len(as)-8; s.IsRevoked(d, t0) != want {
+			t.Fatalf("a's revoked %d: %v", i, !want)
+		}
+	}
+	for _, d := range bs {
+		if !s.IsRevoked(d, t0) {
+			t.Fatal("a's loop pushed out b's revoked digest")
+		}
+	}
+	// Undo of a revoke that evicted: everything as before.
+	s.Publish(route(a, "x", "ax", now+5000), t0)
+	before := s.Snapshot(t0).Marshal()
+	undo, err := s.Record(func() error { _, err := s.Revoke(a, "x", t0); return err })
+	if err != nil || s.IsRevoked(as[len(as)-8], t0) {
+		t.Fatalf("revoke past the share: %v", err)
+	}
+	undo()
+	if got := s.Snapshot(t0).Marshal(); !bytes.Equal(got, before) || s.RevokedBy(a) != 8 {
+		t.Fatalf("undo did not restore the evicted entry (share %d)", s.RevokedBy(a))
+	}
+
+	// After a restart no entry has a known host; fill the table with them.
+	snap := s.Snapshot(t0)
+	for i := len(snap.Revoked); i < 40; i++ {
+		snap.Revoked = append(snap.Revoked, DigestExpiry{wire.TokenDigest(string(rune(i))), now + 100 + int64(i)})
+	}
+	hosts := Hosts{a: {}, b: {}}
+	r, dropped := Restore(snap, hosts, 40, 10, t0)
+	r.SetRevokedShare(8)
+	if dropped != 0 || r.RevokedBy(b) != 0 {
+		t.Fatalf("restore dropped %d, b=%d", dropped, r.RevokedBy(b))
+	}
+	if _, err := r.Publish(route(b, "late", "blate", now+9000), t0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.Revoke(b, "late", t0); err != nil || len(got) != 1 || !r.IsRevoked(got[0], t0) {
+		t.Fatalf("revoke on a full table of unknown hosts: %v %v", got, err)
+	}
+	if _, c, rv := r.Len(); rv != 40 || c != 0 {
+		t.Fatalf("revoked table holds %d", rv)
+	}
+}

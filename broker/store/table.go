@@ -126,6 +126,21 @@ func (t *Table[K, V]) Sweep(now int64) int {
 	return n
 }
 
+// oldest sweeps expired entries and returns the key of the live entry that
+// expires first.
+func (t *Table[K, V]) oldest(now int64) (K, bool) {
+	t.Sweep(now)
+	for len(t.h) > 0 {
+		it := t.h[0]
+		if e, ok := t.m[it.k]; ok && e.exp == it.exp {
+			return it.k, true
+		}
+		heap.Pop(&t.h) // left the table or changed since
+	}
+	var zero K
+	return zero, false
+}
+
 // Each calls fn for every live entry, in no particular order.
 func (t *Table[K, V]) Each(now int64, fn func(k K, v V, exp int64)) {
 	for k, e := range t.m {

@@ -130,8 +130,13 @@ const (
 	// spec's 50,000: at 10,000 hosts the spec's share would bound the table
 	// at 500 million entries (~72 GB); 2,000 stream opens per host per day
 	// (1.4 a minute around the clock) bound it at 20 million (~2.9 GB).
-	ReplayPerCredential = 10_000
+	// ReplayPerCredential is a quarter of it (the spec's 10,000 was above
+	// the per-host share, so it never bound and one device in a reconnect
+	// loop could spend its household's whole day): a credential must stay
+	// below its host's share (Config.Validate), so the host's other
+	// credentials keep at least three quarters of it.
 	ReplayPerHost       = 2_000
+	ReplayPerCredential = ReplayPerHost / 4
 )
 
 // Connector reconnect policy (spec/reach.md "Host connector" and "Host

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -34,9 +35,15 @@ func connectCommand() *cli.Command {
 				return fmt.Errorf("--log-level %q is not one of debug, info, warn, error", c.String("log-level"))
 			}
 			// A candidate is at most 32 KiB (ParseCandidate's bound too).
-			data, _, err := atomicfile.ReadPrivate(c.String("candidate"), 32<<10, 0)
+			data, fi, err := atomicfile.ReadPrivate(c.String("candidate"), 32<<10, 0)
 			if err != nil {
 				return fmt.Errorf("--candidate: %w", err)
+			}
+			if p := fi.Mode().Perm(); p&0o077 != 0 {
+				// Not refused: it is the user's own download; said, as the
+				// credential in it lasts up to 90 days.
+				fmt.Fprintf(os.Stderr, "warning: --candidate %s has mode %04o: other users can read the broker credential it holds; chmod 600 %s\n",
+					c.String("candidate"), p, c.String("candidate"))
 			}
 			cand, err := client.ParseCandidate(data)
 			if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/pinning"
 )
 
 // reachStack is a broker, and a daemon with Reach on that registered with it.
@@ -306,5 +307,42 @@ func TestPairFailsWhenReachIsNotConnected(t *testing.T) {
 	so, se, err := runPairCLI(t, dir, "200", "--config", cfgPath)
 	if err == nil || !strings.Contains(se, "--no-reach") || strings.Contains(so, "hermes-relay://") {
 		t.Fatalf("pair with a disconnected connector: %v\n%s\n%s", err, so, se)
+	}
+}
+
+// A candidate file others can read holds a broker credential valid for up
+// to 90 days: connect says so (it is the user's own file, so not refused).
+func TestConnectWarnsAboutAReadableCandidate(t *testing.T) {
+	dir := t.TempDir()
+	id, err := pinning.LoadOrCreate(pinning.IdentityConfig{StateDir: filepath.Join(dir, "state"), Authority: pinning.Authority{Host: "127.0.0.1", Port: 9443}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cand, err := client.NewCandidate(1, client.CandidateBroker{ProtocolVersion: 1, URL: fmt.Sprintf("wss://127.0.0.1:%d/v1/connect", freePort(t)),
+		HostID: "AAAAAAAAAAAAAAAAAAAAAA", CredentialKind: "route", Token: wire.NewToken(), ExpiresAt: time.Now().Add(time.Hour).Unix()},
+		"https://127.0.0.1:9443", id.Pin, id.CertDERBase64())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cj, _ := cand.QRJSON()
+	for _, c := range []struct {
+		mode os.FileMode
+		warn bool
+	}{{0o644, true}, {0o600, false}} {
+		f := filepath.Join(dir, fmt.Sprintf("candidate-%o.json", c.mode))
+		if err := os.WriteFile(f, cj, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(f, c.mode)
+		cmd, _, stderr := startLineProc(t, "forwarding", "connect", "--candidate", f, "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		got := strings.Contains(stderr.String(), "warning: --candidate")
+		cmd.Process.Kill()
+		cmd.Wait()
+		if got != c.warn {
+			t.Errorf("mode %04o: warning %v, want %v: %s", c.mode, got, c.warn, stderr.String())
+		}
+		if strings.Contains(stderr.String(), string(cand.Broker.Token)) {
+			t.Errorf("mode %04o: the warning names the token", c.mode)
+		}
 	}
 }

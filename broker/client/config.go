@@ -117,19 +117,8 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
-	if _, err := wire.ParseBrokerURL(c.BrokerURL); err != nil {
+	if err := wire.CheckClientCredential(c.BrokerURL, c.HostID, c.CredentialKind, c.Token); err != nil {
 		errs = append(errs, err)
-	}
-	if _, err := wire.ParseID(c.HostID); err != nil {
-		errs = append(errs, errors.New("reach host_id must be the canonical 22-character id"))
-	}
-	switch wire.Kind(c.CredentialKind) {
-	case wire.KindBootstrap, wire.KindRoute:
-	default:
-		errs = append(errs, fmt.Errorf("reach credential_kind %q: want bootstrap or route", c.CredentialKind))
-	}
-	if !wire.ValidWireToken(string(c.Token)) {
-		errs = append(errs, fmt.Errorf("reach token must be %d..%d characters", wire.MinWireToken, wire.MaxWireToken))
 	}
 	durs := []struct {
 		name string

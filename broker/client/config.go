@@ -81,6 +81,10 @@ type Config struct {
 	// PingInterval and PongTimeout are the client's keepalive: a ping every
 	// PingInterval, and the stream is dropped when no pong arrived within
 	// PongTimeout while the socket was being read and written freely.
+	// PongTimeout also bounds a write to the broker by progress: the
+	// stream is dropped (ErrConnectionLost) when the broker's socket took
+	// no fragment (64 KiB at most) of a message for that long, a stalled
+	// or half-open path, however long a slow upload takes in all.
 	// Zero means 15 s and 45 s (the protocol's values).
 	PingInterval time.Duration
 	PongTimeout  time.Duration

@@ -171,6 +171,12 @@ func TestStalledPathEndsAWrite(t *testing.T) {
 	case <-time.After(testenv.Step):
 		t.Fatalf("a write on a stalled path still blocks %v later (the bound is %v of no progress)", testenv.Step, pongTimeout)
 	}
+	// The stream is over both ways, so Forward's copy from the broker
+	// ends too and resets the local connection.
+	c.SetReadDeadline(time.Now().Add(testenv.Step))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("read after the stalled write: %v, want ErrConnectionLost", err)
+	}
 }
 
 // TestStalledPathKeepsTheWriteDeadline: the caller's write deadline still

@@ -81,6 +81,10 @@ type Config struct {
 	// PingInterval and PongTimeout are the client's keepalive: a ping every
 	// PingInterval, and the stream is dropped when no pong arrived within
 	// PongTimeout while the socket was being read and written freely.
+	// PongTimeout also bounds a write to the broker by progress: the
+	// stream is dropped (ErrConnectionLost) when the broker's socket took
+	// no fragment (64 KiB at most) of a message for that long, a stalled
+	// or half-open path, however long a slow upload takes in all.
 	// Zero means 15 s and 45 s (the protocol's values).
 	PingInterval time.Duration
 	PongTimeout  time.Duration
@@ -117,19 +121,8 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
-	if _, err := wire.ParseBrokerURL(c.BrokerURL); err != nil {
+	if err := wire.CheckClientCredential(c.BrokerURL, c.HostID, c.CredentialKind, c.Token); err != nil {
 		errs = append(errs, err)
-	}
-	if _, err := wire.ParseID(c.HostID); err != nil {
-		errs = append(errs, errors.New("reach host_id must be the canonical 22-character id"))
-	}
-	switch wire.Kind(c.CredentialKind) {
-	case wire.KindBootstrap, wire.KindRoute:
-	default:
-		errs = append(errs, fmt.Errorf("reach credential_kind %q: want bootstrap or route", c.CredentialKind))
-	}
-	if !wire.ValidWireToken(string(c.Token)) {
-		errs = append(errs, fmt.Errorf("reach token must be %d..%d characters", wire.MinWireToken, wire.MaxWireToken))
 	}
 	durs := []struct {
 		name string

@@ -70,7 +70,9 @@ func closeError(err error) error {
 //     only while the queue is full, and a failed send is reported by the
 //     next Write. A write deadline that fires in the middle of a message
 //     ends the stream (a partial WebSocket message cannot be resumed),
-//     like a timed-out write on a tls.Conn.
+//     like a timed-out write on a tls.Conn. A message whose fragment the
+//     broker's socket does not take within Config.PongTimeout (a stalled
+//     or half-open path) ends the stream with ErrConnectionLost.
 //   - Read returns io.EOF after the broker's close 1000 (the host sent
 //     CLOSE), a *CloseError for any other close code, a *wire.Error when the
 //     broker sent an `error` first, and an error wrapping ErrConnectionLost
@@ -111,9 +113,19 @@ type Conn struct {
 
 	rdl, wdl *msgconn.Deadline
 
+	// gate bounds every send by progress: each 64 KiB of a message must
+	// leave within writeTimeout (the keepalive's pong timeout), so a
+	// stalled or half-open path to the broker ends the stream instead of
+	// holding a Write until the kernel gives up on the connection (the
+	// keepalive does not count while a data write is in progress).
+	gate         *msgconn.WriteGate
+	writeTimeout time.Duration
+	progress     func()       // madeProgress, for the gate (made once)
+	progressAt   atomic.Int64 // monotonic ns (since monoBase) of the send's last progress
+
 	closed     chan struct{}
 	closeOnce  sync.Once
-	writeCtx   context.Context // ends on Close, so a blocked Write returns
+	writeCtx   context.Context // ends on Close, and with it the keepalive
 	cancelAll  context.CancelFunc
 	pause      msgconn.Pause
 	kaDone     chan struct{}
@@ -142,7 +154,12 @@ func newConn(ws msgconn.Conn, sid wire.ID, local, remote net.Addr, cfg Config, l
 		writerDone: make(chan struct{}),
 		pingEvery:  cfg.PingInterval,
 		pongWithin: cfg.PongTimeout,
+		gate:       msgconn.NewWriteGate(ws),
+		// A fragment the broker does not take within the time the
+		// keepalive would give a pong is a dead path, not backpressure.
+		writeTimeout: cfg.PongTimeout,
 	}
+	c.progress = c.madeProgress
 	if c.local == nil {
 		c.local = brokerAddr("local")
 	}
@@ -451,26 +468,18 @@ func (c *Conn) writeLoop() {
 }
 
 // send writes b as one binary message (b is at most writeQueueBytes,
-// below the 1 MiB message limit). A write deadline set by the caller that fires
-// during the message ends the stream: a partial message cannot be resumed.
+// below the 1 MiB message limit) through the gate: each 64 KiB fragment
+// must leave within writeTimeout, however long the whole message takes, so
+// a slow but moving path is never cut and a stalled one is. A write
+// deadline set by the caller that fires during the message ends the
+// stream: a partial message cannot be resumed.
 func (c *Conn) send(b []byte) error {
-	ctx := c.writeCtx
-	if c.wdl.IsSet() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		fired := c.wdl.Wait()
-		go func() {
-			select {
-			case <-fired:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-	}
+	stop := c.cutAtDeadline()
+	c.madeProgress()
 	c.pause.Enter()
-	defer c.pause.Leave()
-	err := c.ws.Write(ctx, msgconn.Binary, b)
+	err := c.gate.Write(msgconn.Binary, b, c.writeTimeout, c.progress)
+	c.pause.Leave()
+	stop()
 	if err == nil {
 		return nil
 	}
@@ -479,6 +488,9 @@ func (c *Conn) send(b []byte) error {
 		return net.ErrClosed
 	case isClosed(c.wdl.Wait()):
 		return os.ErrDeadlineExceeded
+	case c.stalled():
+		c.log.Warn().Dur("write_timeout", c.writeTimeout).Msg("broker took no stream bytes within the write timeout; dropping the stream")
+		return fmt.Errorf("%w: the broker took no stream bytes for %v", ErrConnectionLost, c.writeTimeout)
 	case isClosed(c.readerDone) && c.readErr == io.EOF:
 		return fmt.Errorf("reach: the host ended the stream: %w", io.ErrClosedPipe)
 	case isClosed(c.readerDone):
@@ -487,6 +499,49 @@ func (c *Conn) send(b []byte) error {
 		return fmt.Errorf("%w: write: %v", ErrConnectionLost, err)
 	}
 }
+
+// cutAtDeadline cuts the send that is starting once the caller's write
+// deadline fires, until stop is called; without a deadline it costs
+// nothing.
+func (c *Conn) cutAtDeadline() (stop func()) {
+	if !c.wdl.IsSet() {
+		return func() {}
+	}
+	var mu sync.Mutex
+	sending := true
+	fired := c.wdl.Wait()
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-fired:
+			mu.Lock()
+			if sending {
+				c.gate.Cut()
+			}
+			mu.Unlock()
+		case <-done:
+		}
+	}()
+	return func() {
+		mu.Lock()
+		sending = false
+		mu.Unlock()
+		close(done)
+	}
+}
+
+// madeProgress notes that the send in progress began or that the broker
+// took a fragment of it (the gate's progress).
+func (c *Conn) madeProgress() { c.progressAt.Store(int64(time.Since(monoBase))) }
+
+// stalled reports whether the failed send made no progress for
+// writeTimeout: the gate cut it.
+func (c *Conn) stalled() bool {
+	return time.Since(monoBase)-time.Duration(c.progressAt.Load()) >= c.writeTimeout
+}
+
+// monoBase anchors progressAt on the monotonic clock.
+var monoBase = time.Now()
 
 // flush stops new Writes and waits until the writer has sent what was
 // queued, or failed, for at most closeFlushTimeout.
@@ -513,7 +568,8 @@ func (c *Conn) Close() error {
 		first = true
 		c.flush()
 		close(c.closed)
-		c.cancelAll() // a Write blocked on a stalled broker returns now
+		c.cancelAll()
+		c.gate.Cut() // a Write blocked on a stalled broker returns now
 		c.ws.Close(wire.CloseNormal, "")
 		c.ws.CloseNow() // no-op unless the handshake failed half-way
 		<-c.readerDone

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/hermes-securelink/securelink/broker/internal/testenv"
 	"github.com/hermes-securelink/securelink/broker/msgconn"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/testfake"
@@ -411,5 +412,47 @@ func TestCreditWindowGrowsToTheStreamBuffer(t *testing.T) {
 	}
 	if ws != open || ps > open {
 		t.Fatalf("slow stream: window %d, peak credit %d, want the %d granted at open", ws, ps, open)
+	}
+}
+
+// TestCreditOverrunOnlyBeforeTheBrokersFirstWindow: a broker that ignores
+// credit. DATA beyond a stream's credit is owed while the broker may not
+// yet have read our extensions answer (it sent no WINDOW yet: a stream it
+// opened before reading the answer carries plain-v1 bytes); once it sent a
+// WINDOW, every later frame was sent under credit, and DATA beyond the
+// credit ends the registration as a protocol error (spec/reach.md: a
+// sender never exceeds the credit it was granted).
+func TestCreditOverrunOnlyBeforeTheBrokersFirstWindow(t *testing.T) {
+	c, h := creditFake(t, nil)
+	if typ, data, err := rawRead(t, h, step); err != nil || typ != websocket.MessageText {
+		t.Fatalf("first message %v %q %v", typ, data, err)
+	}
+	id := wire.NewID()
+	h.Open(id)
+	accept(t, c)
+	if f := rawFrame(t, h); f.Flags != wire.FlagWindow || f.StreamID != id {
+		t.Fatalf("at open: flags %d, want a WINDOW", f.Flags)
+	}
+	// The broker's credit is openWindow (2 MiB); send 64 KiB more before
+	// any WINDOW of ours: tolerated and counted. The front does not read,
+	// so no grant comes meanwhile (the bytes fit its buffer).
+	chunk := make([]byte, 64<<10)
+	for range (openWindow + len(chunk)) / len(chunk) {
+		h.Data(id, chunk)
+	}
+	testenv.WaitFor(t, "the overrun counted", func() bool { return c.Counts()["window_overrun"] == 1 })
+	if n := c.Counts()["protocol_error"]; n != 0 {
+		t.Fatalf("an overrun before the broker's first WINDOW was a protocol error (%d)", n)
+	}
+	// The broker's first WINDOW (for our direction); then one more DATA
+	// frame: the stream still owes 64 KiB, so it is beyond the credit.
+	sendWindow(t, h, id, 1000)
+	h.Data(id, []byte("beyond the credit"))
+	if err := h.ReadErr(); err == nil {
+		t.Fatal("registration survived DATA beyond the credit after a WINDOW")
+	}
+	waitLastError(t, c, codeProtocol)
+	if n := c.Counts()["window_overrun"]; n != 1 {
+		t.Fatalf("window_overrun counted %d times, want the one before the WINDOW", n)
 	}
 }

@@ -68,6 +68,13 @@ type session struct {
 	// before the session starts, then read-only); dialect parses frames.
 	credit  bool
 	dialect wire.Dialect
+	// windowSeen (the reader's): the broker sent a WINDOW, which it does
+	// only once it read our extensions answer, the host's first frame.
+	// Every frame after it on the socket was sent under credit, so DATA
+	// beyond a stream's credit is a protocol violation from then on; before
+	// it, the excess is what the broker sent on a stream it opened before
+	// reading the answer, and is owed (wire.RecvWindow.Overrun).
+	windowSeen bool
 	// grantEvery is how many drained bytes a stream grants back at once
 	// while the broker still holds at least that much credit: an eighth of
 	// the stream buffer (the most its window grows to), not the protocol's
@@ -372,6 +379,7 @@ func (s *session) frame(data []byte) bool {
 	s.mu.Lock()
 	st := s.streams[f.StreamID]
 	if f.Flags == wire.FlagWindow {
+		s.windowSeen = true
 		// A WINDOW for a stream that is gone is ignored.
 		var err error
 		if st != nil && !st.finished {
@@ -408,7 +416,9 @@ func (s *session) frame(data []byte) bool {
 		return true // the front closed it; our CLOSE is on its way
 	}
 	s.mu.Unlock()
-	s.deliver(st, f.Payload)
+	if !s.deliver(st, f.Payload) {
+		return s.protocolError("DATA beyond the stream's credit")
+	}
 	return true
 }
 
@@ -422,9 +432,11 @@ func (s *session) frame(data []byte) bool {
 //
 // Under credit the broker sends a stream no more than the window granted as
 // the front read, which fits the buffer, so the reader never waits here.
-// Bytes beyond the credit are kept and owed (those a broker sent before it
-// read our answer); they are counted.
-func (s *session) deliver(st *stream, payload []byte) {
+// Bytes beyond the credit are kept and owed, and counted, only until the
+// broker's first WINDOW (those it sent before it read our answer; see
+// windowSeen); after it, deliver refuses them (false: a protocol
+// violation).
+func (s *session) deliver(st *stream, payload []byte) bool {
 	n := len(payload)
 	limit := s.c.cfg.StreamBufferBytes
 	var waitStart time.Time
@@ -434,19 +446,23 @@ func (s *session) deliver(st *stream, payload []byte) {
 		if !accounted {
 			accounted = true
 			if !st.recv.Receive(n) {
+				if s.windowSeen {
+					st.mu.Unlock()
+					return false
+				}
 				st.recv.Overrun(n)
 				s.c.count("window_overrun") // countMu is a leaf lock
 			}
 		}
 		if st.closed || st.readErr != nil {
 			st.mu.Unlock()
-			return // closed or reset meanwhile: dropped like a late frame
+			return true // closed or reset meanwhile: dropped like a late frame
 		}
 		if st.in.Len() == 0 || st.in.Len()+n <= limit {
 			st.in.Write(payload)
 			st.mu.Unlock()
 			signal(st.readable)
-			return
+			return true
 		}
 		st.mu.Unlock()
 		now := time.Now()
@@ -466,7 +482,7 @@ func (s *session) deliver(st *stream, payload []byte) {
 			s.log.Info().Str("stream_id", st.id.String()).Dur("stalled", stalled).
 				Msg("reach: the front made no progress on a full stream buffer; closing that stream")
 			s.reset(st, "slow consumer")
-			return
+			return true
 		}
 		t := time.NewTimer(s.c.cfg.SlowConsumerTimeout - stalled)
 		select {
@@ -476,7 +492,7 @@ func (s *session) deliver(st *stream, payload []byte) {
 		}
 		t.Stop()
 		if isClosed(s.done) {
-			return
+			return true
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"sync"
@@ -30,11 +31,54 @@ const (
 	preShareHost = "h."
 	preShareCred = "k."
 	shareSlot    = int64(time.Hour / time.Second)
-	// shareRetries bounds the compare-and-set rounds of one change; past
-	// them (another instance won every time) the match answers
-	// `unavailable`.
+	// shareRetries bounds the compare-and-set rounds of one change that
+	// lose to a write the engine applied; past them (another instance won
+	// every time) the match answers `unavailable`.
 	shareRetries = 8
+	// shareTurnStripes is how many counters may be changed at once by one
+	// instance (shareTurns).
+	shareTurnStripes = 64
 )
+
+// shareTurns makes one instance's changes of a counter take turns: a
+// change waits (for at most its ctx) until the one before it on the same
+// stripe of counters has its answer. A host's clients are all admitted on
+// its owner, so without turns its simultaneous clients raced each other's
+// compare-and-set on h.<host_id> through the engine, and past
+// shareRetries lost rounds the ninth was answered `unavailable`; in turn,
+// each writes at the revision the last one left in the cache, at once.
+// Other instances' changes still race through the engine.
+type shareTurns struct {
+	once  sync.Once
+	seed  maphash.Seed
+	turns [shareTurnStripes]chan struct{}
+}
+
+// take waits for key's turn; release gives it up.
+func (t *shareTurns) take(ctx context.Context, key string) (release func(), err error) {
+	t.once.Do(func() {
+		t.seed = maphash.MakeSeed()
+		for i := range t.turns {
+			t.turns[i] = make(chan struct{}, 1)
+		}
+	})
+	turn := t.turns[maphash.String(t.seed, key)%shareTurnStripes]
+	select {
+	case turn <- struct{}{}:
+		return func() { <-turn }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// writeInProcess reports whether the engine refused a compare-and-set
+// because another write of the key is still being replicated (it takes
+// one conditional write per key at a time). Reading at once would return
+// the value before that write, so the next round waits for it first.
+func writeInProcess(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
 
 // shareCount is a counter's value: [end of the hour (Unix s), entries
 // expiring in it], ascending.
@@ -141,8 +185,16 @@ func (sc *shareCache) drop(key string) {
 // live count is at limit already (then false). The key lives until its
 // last slot ends.
 func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, delta int64) (bool, error) {
+	release, err := s.turns.take(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	cached, guess := s.shares.get(key)
-	for range shareRetries {
+	// wait is how long a round waits for a write in process (doubling up
+	// to the engine's timeout for one operation).
+	wait := time.Millisecond
+	for lost := 0; lost < shareRetries; {
 		var c shareCount
 		var rev uint64
 		if guess {
@@ -184,16 +236,22 @@ func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, 
 		var err error
 		if rev == 0 {
 			nrev, err = s.replay.Create(ctx, key, b, jetstream.KeyTTL(ttlUntil(until)))
-			if errors.Is(err, jetstream.ErrKeyExists) {
-				continue
-			}
 		} else {
 			nrev, err = s.publishTTL(ctx, s.replay, key, b, ttlUntil(until), jetstream.WithExpectLastSequencePerSubject(rev))
-			if revisionChanged(err) {
-				continue
-			}
 		}
-		if err != nil {
+		switch {
+		case writeInProcess(err):
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+			wait = min(2*wait, s.opt.Timeout)
+			continue
+		case errors.Is(err, jetstream.ErrKeyExists) || revisionChanged(err):
+			lost++
+			continue
+		case err != nil:
 			s.shares.drop(key)
 			return false, err
 		}

@@ -21,7 +21,7 @@ import (
 // here); once it stops answering, that instance closes it and the peer
 // link, so the stream ends on the owner and the host gets its CLOSE.
 func TestForwardedClientKeepalive(t *testing.T) {
-	r := newRigWith(t, 3*time.Second, ownFirst, func(c *server.Config) {
+	r := newRigWith(t, shortLease(rigEngineTimeout), ownFirst, func(c *server.Config) {
 		c.PingInterval = 50 * time.Millisecond
 		c.PongTimeout = 400 * time.Millisecond
 	})

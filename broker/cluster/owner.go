@@ -83,6 +83,9 @@ func (s *State) OpenOwners(ctx context.Context, opt PeerOptions) (*Owners, error
 	if opt.OwnerTTL < 3*time.Second || opt.OwnerTTL > 10*time.Minute {
 		return nil, errors.New("cluster.owner_ttl must be 3s..10m")
 	}
+	if msg := server.LeaseTimingProblem(opt.OwnerTTL, s.opt.Timeout); msg != "" {
+		return nil, errors.New("cluster.engine_timeout " + msg)
+	}
 	cert, err := tls.LoadX509KeyPair(opt.CertFile, opt.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("cluster.peer: %w", err)

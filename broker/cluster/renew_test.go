@@ -14,22 +14,29 @@ import (
 )
 
 // TestLeasesSurviveASlowEngineAtScale: many held leases behind an engine
-// far away (every byte to and from the NATS node is delayed 100 ms each
-// way) are all renewed within their TTL. With renewParallel writes in
-// flight a round over 600 leases takes ~19 round trips, ~4 s: longer than
-// OwnerTTL/3, so rounds run back to back, and shorter than the 6 s lease,
-// which every lease outlives only because each round renews the oldest
-// first (in another order a lease renewed early in one round and late in
-// the next waits ~8 s). One write at a time a round takes two minutes.
-// The round is the delay's, not the CPU's: a loaded machine, which makes
-// every write slower, leaves ~2 s of the lease.
+// far away (every byte to and from the NATS node is delayed each way) are
+// all renewed within their TTL. With renewParallel writes in flight a
+// round over the leases takes `batches` round trips, two thirds of the
+// lease: longer than OwnerTTL/3, so rounds run back to back, and shorter
+// than the lease, which every lease outlives only because each round
+// renews the oldest first (in another order a lease renewed in the first
+// batch of one round and the last of the next waits almost two rounds,
+// 1.25 leases). One write at a time a round takes two minutes. The round
+// is the delay's, not the CPU's: a loaded machine slows each of the round's
+// round trips, so they are few and long (a third of the lease is left for
+// their slowing, ~290 ms each), and the engine_timeout is the product's
+// default with the shortest lease it allows.
 func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 	nc := startNATSCluster(t)
-	const delay = 100 * time.Millisecond // each way
+	const timeout = outageEngineTimeout
+	ttl := shortLease(timeout)
+	// A round: 8 batches of renewParallel (32) writes.
+	const batches, leases = 8, 256
+	var link netDelay // none while the buckets are made
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	st, err := Open(ctx, Options{
-		InstanceID: "b0", URLs: []string{"nats://" + delayProxy(t, nc.url(0)[len("nats://"):], delay)},
-		BucketPrefix: "reach", Replicas: 3, Timeout: rigEngineTimeout,
+		InstanceID: "b0", URLs: []string{"nats://" + delayProxy(t, nc.url(0)[len("nats://"):], &link)},
+		BucketPrefix: "reach", Replicas: 3, Timeout: timeout,
 	})
 	cancel()
 	if err != nil {
@@ -38,7 +45,6 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 	t.Cleanup(st.Close)
 	ca := newPeerCA(t)
 	cert, key := ca.issue("b0")
-	const ttl = 6 * time.Second
 	ow, err := st.OpenOwners(context.Background(), PeerOptions{
 		Advertise: "127.0.0.1:1", CertFile: cert, KeyFile: key, CAFile: ca.CAFile, OwnerTTL: ttl,
 	})
@@ -46,8 +52,8 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(ow.Close)
+	link.set(ttl * 2 / 3 / (2 * batches))
 
-	const leases = 600
 	hosts := make([]wire.ID, leases)
 	var lost atomic.Int64
 	var wg sync.WaitGroup
@@ -77,7 +83,7 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 	gctx, gcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer gcancel()
 	var gets sync.WaitGroup
-	for _, h := range hosts[:50] { // at once: each read is a 200 ms round trip
+	for _, h := range hosts[:50] { // at once: each read is a round trip
 		gets.Add(1)
 		go func() {
 			defer gets.Done()
@@ -89,18 +95,28 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 	gets.Wait()
 }
 
+// netDelay is how long a delayProxy holds each chunk, in each direction;
+// it may change while the proxy runs (a chunk keeps the delay it was read
+// with, and order is kept, so a long delay holds back what follows).
+type netDelay struct{ toEngine, fromEngine atomic.Int64 }
+
+func (n *netDelay) set(d time.Duration) {
+	n.toEngine.Store(int64(d))
+	n.fromEngine.Store(int64(d))
+}
+
 // delayProxy relays TCP connections to target on 127.0.0.1, holding every
-// chunk d in each direction (order kept): an engine further away than
-// loopback.
-func delayProxy(t *testing.T, target string, d time.Duration) string {
+// chunk for the current delay of its direction: an engine further away
+// than loopback.
+func delayProxy(t *testing.T, target string, d *netDelay) string {
 	t.Helper()
 	return testenv.Forward(t, target, func(c, u net.Conn) {
-		go delayed(u, c, d)
-		go delayed(c, u, d)
+		go delayed(u, c, &d.toEngine)
+		go delayed(c, u, &d.fromEngine)
 	})
 }
 
-func delayed(dst, src net.Conn, d time.Duration) {
+func delayed(dst, src net.Conn, d *atomic.Int64) {
 	type chunk struct {
 		b  []byte
 		at time.Time
@@ -112,7 +128,7 @@ func delayed(dst, src net.Conn, d time.Duration) {
 			buf := make([]byte, 32<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
-				ch <- chunk{buf[:n], time.Now().Add(d)}
+				ch <- chunk{buf[:n], time.Now().Add(time.Duration(d.Load()))}
 			}
 			if err != nil {
 				return

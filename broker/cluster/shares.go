@@ -122,7 +122,9 @@ var errShareContended = errors.New("cluster: replay share changed by other insta
 // the cluster. false: a share was full, and neither is counted. The host's
 // count is given back (best effort) when the credential's is refused or
 // fails; a give-back that fails leaves the host counted once too often,
-// which only lets fewer clients in.
+// which only lets fewer clients in. Each engine operation (a share's read,
+// its write, again after a conflict) has the engine_timeout; ctx bounds
+// them all.
 func (s *State) CountReplay(ctx context.Context, host wire.ID, d wire.Digest, exp time.Time, perHost, perCred int) (bool, error) {
 	hk, ck := preShareHost+host.String(), preShareCred+d.String()
 	ok, err := s.addShare(ctx, hk, exp.Unix(), perHost, 1)
@@ -181,6 +183,11 @@ func (sc *shareCache) drop(key string) {
 	sc.mu.Unlock()
 }
 
+// op bounds one engine operation by the engine_timeout, within ctx.
+func (s *State) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opt.Timeout)
+}
+
 // addShare adds delta to the counter key, unless delta is positive and the
 // live count is at limit already (then false). The key lives until its
 // last slot ends.
@@ -200,7 +207,9 @@ func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, 
 		if guess {
 			c, rev = cached.c, cached.rev
 		} else {
-			e, err := s.replay.Get(ctx, key)
+			octx, cancel := s.op(ctx)
+			e, err := s.replay.Get(octx, key)
+			cancel()
 			switch {
 			case err == nil:
 				if err := json.Unmarshal(e.Value(), &c); err != nil {
@@ -234,11 +243,13 @@ func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, 
 		b, _ := json.Marshal(c)
 		var nrev uint64
 		var err error
+		octx, cancel := s.op(ctx)
 		if rev == 0 {
-			nrev, err = s.replay.Create(ctx, key, b, jetstream.KeyTTL(ttlUntil(until)))
+			nrev, err = s.replay.Create(octx, key, b, jetstream.KeyTTL(ttlUntil(until)))
 		} else {
-			nrev, err = s.publishTTL(ctx, s.replay, key, b, ttlUntil(until), jetstream.WithExpectLastSequencePerSubject(rev))
+			nrev, err = s.publishTTL(octx, s.replay, key, b, ttlUntil(until), jetstream.WithExpectLastSequencePerSubject(rev))
 		}
+		cancel()
 		switch {
 		case writeInProcess(err):
 			select {

@@ -33,25 +33,7 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 	// A round: 8 batches of renewParallel (32) writes.
 	const batches, leases = 8, 256
 	var link netDelay // none while the buckets are made
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	st, err := Open(ctx, Options{
-		InstanceID: "b0", URLs: []string{"nats://" + delayProxy(t, nc.url(0)[len("nats://"):], &link)},
-		BucketPrefix: "reach", Replicas: 3, Timeout: timeout,
-	})
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	ca := newPeerCA(t)
-	cert, key := ca.issue("b0")
-	ow, err := st.OpenOwners(context.Background(), PeerOptions{
-		Advertise: "127.0.0.1:1", CertFile: cert, KeyFile: key, CAFile: ca.CAFile, OwnerTTL: ttl,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ow.Close)
+	ow := ownersBehind(t, nc, &link, timeout, ttl)
 	link.set(ttl * 2 / 3 / (2 * batches))
 
 	hosts := make([]wire.ID, leases)
@@ -93,6 +75,32 @@ func TestLeasesSurviveASlowEngineAtScale(t *testing.T) {
 		}()
 	}
 	gets.Wait()
+}
+
+// ownersBehind opens instance b0's state and owner leases (engine_timeout
+// timeout, owner_ttl ttl) through a delayProxy to node 0 of nc.
+func ownersBehind(t *testing.T, nc *natsCluster, link *netDelay, timeout, ttl time.Duration) *Owners {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	st, err := Open(ctx, Options{
+		InstanceID: "b0", URLs: []string{"nats://" + delayProxy(t, nc.url(0)[len("nats://"):], link)},
+		BucketPrefix: "reach", Replicas: 3, Timeout: timeout,
+	})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	ca := newPeerCA(t)
+	cert, key := ca.issue("b0")
+	ow, err := st.OpenOwners(context.Background(), PeerOptions{
+		Advertise: "127.0.0.1:1", CertFile: cert, KeyFile: key, CAFile: ca.CAFile, OwnerTTL: ttl,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ow.Close)
+	return ow
 }
 
 // netDelay is how long a delayProxy holds each chunk, in each direction;
@@ -142,4 +150,68 @@ func delayed(dst, src net.Conn, d *atomic.Int64) {
 		}
 	}
 	dst.Close()
+}
+
+// TestARenewalWhoseAnswerWasLostKeepsTheLease: a renewal's write reaches
+// the engine but its answer comes after engine_timeout (held back on the
+// way), so the instance never learns the lease's new revision. The next
+// renewal, written at the revision it knows, is refused as changed; the
+// record is still this registration's, so that is its own write, not
+// another instance's takeover, and the lease stays (before, the host was
+// closed `replaced` by a lease nobody else held).
+func TestARenewalWhoseAnswerWasLostKeepsTheLease(t *testing.T) {
+	nc := startNATSCluster(t)
+	const timeout = 500 * time.Millisecond
+	const ttl = 3 * time.Second // the shortest owner_ttl: renewals every second
+	var link netDelay
+	ow := ownersBehind(t, nc, &link, timeout, ttl)
+	// The engine as another instance sees it, without the relay.
+	direct, err := Open(context.Background(), Options{InstanceID: "b1", URLs: nc.urls(), BucketPrefix: "reach", Replicas: 3, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	owners, err := direct.js.KeyValue(context.Background(), "reach-owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	revision := func(h wire.ID) uint64 {
+		e, err := owners.Get(context.Background(), ownerKey(h))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Revision()
+	}
+
+	host := wire.NewID()
+	var lost atomic.Int64
+	var why atomic.Value
+	if err := ow.Hold(context.Background(), host, wire.NewID(), func(w server.LeaseLoss) { why.Store(w); lost.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	held := revision(host)
+	// Answers from the engine now take longer than the timeout: the next
+	// renewal lands, and the instance gives up on it.
+	link.fromEngine.Store(int64(3 * timeout / 2))
+	testenv.WaitFor(t, "a renewal reaches the engine", func() bool { return revision(host) != held })
+	landed := revision(host)
+	time.Sleep(timeout) // its writer has timed out by now
+	link.fromEngine.Store(0)
+
+	mine := func() (uint64, bool) {
+		ow.mu.Lock()
+		defer ow.mu.Unlock()
+		l, ok := ow.held[host]
+		return l.rev, ok
+	}
+	testenv.WaitFor(t, "the next renewal answered", func() bool {
+		rev, ok := mine()
+		return lost.Load() > 0 || !ok || rev > landed
+	})
+	if n := lost.Load(); n != 0 {
+		t.Fatalf("the lease was dropped (%d, %v) after a renewal of its own whose answer was lost", n, why.Load())
+	}
+	if rev, _ := mine(); rev != revision(host) {
+		t.Fatalf("the instance holds revision %d, the engine %d", rev, revision(host))
+	}
 }

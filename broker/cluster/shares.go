@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"slices"
 	"sort"
 	"sync"
@@ -35,38 +34,53 @@ const (
 	// lose to a write the engine applied; past them (another instance won
 	// every time) the match answers `unavailable`.
 	shareRetries = 8
-	// shareTurnStripes is how many counters may be changed at once by one
-	// instance (shareTurns).
-	shareTurnStripes = 64
 )
 
 // shareTurns makes one instance's changes of a counter take turns: a
 // change waits (for at most its ctx) until the one before it on the same
-// stripe of counters has its answer. A host's clients are all admitted on
-// its owner, so without turns its simultaneous clients raced each other's
+// key has its answer. A host's clients are all admitted on its owner, so
+// without turns its simultaneous clients raced each other's
 // compare-and-set on h.<host_id> through the engine, and past
 // shareRetries lost rounds the ninth was answered `unavailable`; in turn,
 // each writes at the revision the last one left in the cache, at once.
-// Other instances' changes still race through the engine.
+// Changes of other keys do not wait, and other instances' changes still
+// race through the engine. A key has an entry only while a change of it
+// holds or waits for its turn.
 type shareTurns struct {
-	once  sync.Once
-	seed  maphash.Seed
-	turns [shareTurnStripes]chan struct{}
+	mu sync.Mutex
+	m  map[string]*shareTurn
+}
+
+type shareTurn struct {
+	held  chan struct{} // a value in it: the turn is taken
+	users int           // changes holding or waiting for the turn
 }
 
 // take waits for key's turn; release gives it up.
 func (t *shareTurns) take(ctx context.Context, key string) (release func(), err error) {
-	t.once.Do(func() {
-		t.seed = maphash.MakeSeed()
-		for i := range t.turns {
-			t.turns[i] = make(chan struct{}, 1)
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[string]*shareTurn{}
+	}
+	turn := t.m[key]
+	if turn == nil {
+		turn = &shareTurn{held: make(chan struct{}, 1)}
+		t.m[key] = turn
+	}
+	turn.users++
+	t.mu.Unlock()
+	leave := func() {
+		t.mu.Lock()
+		if turn.users--; turn.users == 0 {
+			delete(t.m, key)
 		}
-	})
-	turn := t.turns[maphash.String(t.seed, key)%shareTurnStripes]
+		t.mu.Unlock()
+	}
 	select {
-	case turn <- struct{}{}:
-		return func() { <-turn }, nil
+	case turn.held <- struct{}{}:
+		return func() { <-turn.held; leave() }, nil
 	case <-ctx.Done():
+		leave()
 		return nil, ctx.Err()
 	}
 }

@@ -136,3 +136,32 @@ func TestSimultaneousClientsOfAHostAreAllCounted(t *testing.T) {
 		t.Fatalf("the host's share counts %d clients, want %d", n, clients)
 	}
 }
+
+// TestShareTurnsArePerKey: a change of a counter waits only for changes of
+// the same counter, and a counter nobody changes keeps no entry.
+func TestShareTurnsArePerKey(t *testing.T) {
+	var turns shareTurns
+	relA, err := turns.take(context.Background(), "h.a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	relB, err := turns.take(context.Background(), "h.b") // not behind h.a
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := turns.take(gone, "h.a"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a second change of h.a while the first holds its turn: %v, want to wait (canceled)", err)
+	}
+	relA()
+	relB()
+	if n := len(turns.m); n != 0 {
+		t.Fatalf("%d turns kept after every change ended", n)
+	}
+	rel, err := turns.take(context.Background(), "h.a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
+}

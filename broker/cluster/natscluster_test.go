@@ -44,6 +44,7 @@ func startNATSCluster(t testing.TB) *natsCluster {
 			c.waitReady()
 			return c
 		}
+		t.Logf("starting the NATS cluster again on other ports: %v", err)
 		c.shutdown()
 	}
 	t.Fatal(err)

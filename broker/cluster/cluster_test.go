@@ -82,15 +82,20 @@ func newRigURLs(t *testing.T, ownerTTL time.Duration, urls func(all []string, i 
 // rigEngineTimeout is the engine_timeout of the tests that are not about
 // the engine's timeouts. Under -race, with other work on both cores (CI at
 // load 5), one operation of the in-process three-node engine took up to
-// 1.7 s, and a match's engine work after the matching order (the replay
-// shares' compare-and-set, a bootstrap's use) shares one timeout: at 2 s a
-// bootstrap race answered `unavailable`. A test that waits for it to run
-// out (the engine unreachable) waits this long.
-const rigEngineTimeout = 5 * time.Second
+// 1.7 s. A test that waits for it to run out (the engine unreachable) waits
+// this long.
+const rigEngineTimeout = 3 * time.Second
 
 // outageEngineTimeout is the engine_timeout of the tests about an outage's
 // timing (the product's default).
 const outageEngineTimeout = 2 * time.Second
+
+// shortLease is an owner_ttl a little above the shortest that
+// engineTimeout allows (server.LeaseTimingProblem: engine_timeout below a
+// third of it), for the tests that wait for a renewal or an expiry.
+func shortLease(engineTimeout time.Duration) time.Duration {
+	return 3*engineTimeout + engineTimeout/2
+}
 
 // newRigWith is newRigURLs with every broker's configuration changed by
 // mutate (nil: none) after the rig's own settings.
@@ -618,7 +623,7 @@ func drainOpens(h *peer) {
 // its credentials, published on the first, work there without being
 // published again; what the first accepted stays refused.
 func TestClusterHostMovesWhenInstanceStops(t *testing.T) {
-	r := newRig(t, 3*time.Second)
+	r := newRig(t, shortLease(rigEngineTimeout))
 	route := wire.Secret("route-" + testenv.RandomSecret(""))
 	hA := r.hostOn(0)
 	r.publishRoute(hA, "dev1", route)
@@ -665,7 +670,7 @@ func TestClusterHostMovesWhenInstanceStops(t *testing.T) {
 // bootstrap presented through two other instances at once opens one
 // stream, and a revoke closes the forwarded stream.
 func TestClusterForwarding(t *testing.T) {
-	r := newRig(t, 3*time.Second)
+	r := newRig(t, shortLease(rigEngineTimeout))
 	route := wire.Secret("route-" + testenv.RandomSecret(""))
 	if _, m := r.client(1, wire.KindRoute, route, wire.NewID()); code(m) != wire.CodeUnauthorized {
 		t.Fatalf("unknown route: %#v", m)
@@ -725,7 +730,7 @@ func TestClusterForwarding(t *testing.T) {
 // and the host registered again on another instance is reached through
 // both survivors with the credential it published on the first.
 func TestClusterOwnerCutOffFromEngine(t *testing.T) {
-	ttl := 3 * time.Second
+	ttl := shortLease(outageEngineTimeout)
 	r := newRigTimeout(t, ttl, outageEngineTimeout, func(all []string, i int) []string {
 		if i == 0 {
 			return all[:1] // A knows node 0 only

@@ -21,7 +21,7 @@ import (
 // here); once it stops answering, that instance closes it and the peer
 // link, so the stream ends on the owner and the host gets its CLOSE.
 func TestForwardedClientKeepalive(t *testing.T) {
-	r := newRigWith(t, 3*time.Second, ownFirst, func(c *server.Config) {
+	r := newRigWith(t, shortLease(rigEngineTimeout), ownFirst, func(c *server.Config) {
 		c.PingInterval = 50 * time.Millisecond
 		c.PongTimeout = 400 * time.Millisecond
 	})
@@ -289,4 +289,27 @@ func TestRouteReplacementIsAtomic(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestEachEngineOperationHasItsTimeout: engine_timeout bounds one engine
+// operation. A match records its client in the engine with a chain of
+// them (the host's and the credential's replay shares, read and written,
+// then a bootstrap's use: five round trips for a host's first client);
+// behind an engine where each takes about a third of the timeout the
+// bootstrap is matched, not answered `unavailable` for the chain's sum.
+func TestEachEngineOperationHasItsTimeout(t *testing.T) {
+	const timeout = time.Second
+	var link netDelay
+	r := newRigTimeout(t, shortLease(timeout), timeout, func(all []string, i int) []string {
+		if i == 0 {
+			return []string{"nats://" + delayProxy(t, all[0][len("nats://"):], &link)}
+		}
+		return ownFirst(all, i)
+	}, nil)
+	hA := r.hostOn(0)
+	boot := wire.Secret("boot-" + testenv.RandomSecret(""))
+	r.publishBootstrap(hA, "pair1", boot)
+	link.set(timeout / 6) // each way: a round trip is a third of the timeout
+	c, id := r.matched(hA, 0, wire.KindBootstrap, boot)
+	echo(t, hA, c, id, payload(1000))
 }

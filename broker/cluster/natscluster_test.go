@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-
+	"sync"
 	"testing"
 	"time"
 
@@ -30,13 +30,32 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// startNATSCluster starts the three nodes on ports freePort found free. A
+// port another process took in between (the machine's other tests open
+// connections all the while) fails a node's listener; the cluster is then
+// started again on other ports, a few times.
 func startNATSCluster(t testing.TB) *natsCluster {
 	t.Helper()
-	c := &natsCluster{t: t}
+	var err error
+	for range 3 {
+		c := &natsCluster{t: t}
+		if err = c.startOnFreePorts(); err == nil {
+			t.Cleanup(c.shutdown)
+			c.waitReady()
+			return c
+		}
+		t.Logf("starting the NATS cluster again on other ports: %v", err)
+		c.shutdown()
+	}
+	t.Fatal(err)
+	return nil
+}
+
+func (c *natsCluster) startOnFreePorts() error {
 	n := 3
 	routePorts := make([]int, n)
 	for i := range routePorts {
-		routePorts[i] = freePort(t)
+		routePorts[i] = freePort(c.t)
 		u, _ := url.Parse(fmt.Sprintf("nats://127.0.0.1:%d", routePorts[i]))
 		c.routes = append(c.routes, u)
 	}
@@ -44,9 +63,9 @@ func startNATSCluster(t testing.TB) *natsCluster {
 		o := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i),
 			Host:       "127.0.0.1",
-			Port:       freePort(t),
+			Port:       freePort(c.t),
 			JetStream:  true,
-			StoreDir:   t.TempDir(),
+			StoreDir:   c.t.TempDir(),
 			NoSigs:     true,
 			NoLog:      true,
 			Cluster: server.ClusterOpts{
@@ -67,26 +86,61 @@ func startNATSCluster(t testing.TB) *natsCluster {
 		c.nodes = append(c.nodes, nil)
 	}
 	for i := range c.opts {
-		c.start(i)
+		if err := c.start(i); err != nil {
+			return err
+		}
 	}
-	t.Cleanup(c.shutdown)
-	c.waitReady()
-	return c
+	return nil
 }
 
-func (c *natsCluster) start(i int) {
-	c.t.Helper()
+// start starts node i and waits until it listens.
+func (c *natsCluster) start(i int) error {
 	o := *c.opts[i]
 	s, err := server.NewServer(&o)
 	if err != nil {
-		c.t.Fatal(err)
+		return err
 	}
+	var log fatalLog
+	s.SetLogger(&log, false, false)
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		c.t.Fatalf("nats node %d did not start", i)
-	}
 	c.nodes[i] = s
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.ReadyForConnections(50 * time.Millisecond) {
+		if msg := log.fatal(); msg != "" {
+			return fmt.Errorf("nats node %d: %s", i, msg)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nats node %d did not start", i)
+		}
+	}
+	return nil
 }
+
+// fatalLog keeps the first fatal message of a node (a listener that
+// could not bind); the rest is dropped as with NoLog.
+type fatalLog struct {
+	mu  sync.Mutex
+	msg string
+}
+
+func (l *fatalLog) fatal() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.msg
+}
+
+func (l *fatalLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.msg == "" {
+		l.msg = fmt.Sprintf(format, v...)
+	}
+}
+func (l *fatalLog) Noticef(string, ...any) {}
+func (l *fatalLog) Warnf(string, ...any)   {}
+func (l *fatalLog) Errorf(string, ...any)  {}
+func (l *fatalLog) Debugf(string, ...any)  {}
+func (l *fatalLog) Tracef(string, ...any)  {}
 
 // waitReady waits until JetStream has a meta leader in the cluster.
 func (c *natsCluster) waitReady() {

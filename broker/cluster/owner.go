@@ -83,6 +83,9 @@ func (s *State) OpenOwners(ctx context.Context, opt PeerOptions) (*Owners, error
 	if opt.OwnerTTL < 3*time.Second || opt.OwnerTTL > 10*time.Minute {
 		return nil, errors.New("cluster.owner_ttl must be 3s..10m")
 	}
+	if msg := server.LeaseTimingProblem(opt.OwnerTTL, s.opt.Timeout); msg != "" {
+		return nil, errors.New("cluster.engine_timeout " + msg)
+	}
 	cert, err := tls.LoadX509KeyPair(opt.CertFile, opt.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("cluster.peer: %w", err)
@@ -248,14 +251,47 @@ func (o *Owners) renewOnce(ctx context.Context) {
 			issued := time.Now()
 			wctx, cancel := context.WithTimeout(ctx, o.s.opt.Timeout)
 			rev, err := o.write(wctx, h, l.conn, l.rev)
+			if revisionChanged(err) {
+				rev, err = o.rewriteOwn(wctx, h, l, err)
+			}
 			cancel()
-			if err != nil && !revisionChanged(err) {
+			if err != nil && !revisionChanged(err) && err != errRenewalInDoubt {
 				engineOut.Store(true)
 			}
 			o.settle(h, l, issued, rev, err, true)
 		}()
 	}
 	wg.Wait()
+}
+
+// errRenewalInDoubt: a renewal was refused for a write of the lease still
+// in process that a read does not show yet; the next round looks again.
+var errRenewalInDoubt = errors.New("cluster: a write of the lease is still in process")
+
+// rewriteOwn looks at a lease whose renewal found its revision changed
+// (conflict). A write of this registration's that reached the engine after
+// this instance gave up on its answer (past engine_timeout, or sent again
+// on a reconnect) leaves the record this instance's at a revision it never
+// learnt: that is not another instance's takeover, and the lease is written
+// again at that revision. Another's record, or none, leaves the conflict
+// (the lease is taken). It runs within the renewal's one engine_timeout, so
+// the lease's timing (server.LeaseTimingProblem) holds.
+func (o *Owners) rewriteOwn(ctx context.Context, host wire.ID, l lease, conflict error) (uint64, error) {
+	e, err := o.owner.Get(ctx, ownerKey(host))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, conflict
+	case err != nil:
+		return 0, err
+	}
+	var r ownerRecord
+	if json.Unmarshal(e.Value(), &r) != nil || r.By != o.s.opt.InstanceID || r.Conn != l.conn.String() {
+		return 0, conflict
+	}
+	if e.Revision() == l.rev {
+		return 0, errRenewalInDoubt
+	}
+	return o.write(ctx, host, l.conn, e.Revision())
 }
 
 func revisionChanged(err error) bool {

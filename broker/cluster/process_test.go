@@ -59,8 +59,9 @@ cluster:
   instance_id: %s
   nats: {urls: %s, bucket_prefix: reach, replicas: 3}
   peer: {listen: %q, advertise: %q, cert_file: %q, key_file: %q, ca_file: %q}
-  owner_ttl: 3s
-`, addrs[i], certFile, keyFile, hostsFile, filepath.Join(idir, "state.json"), name, urls, peer, peer, pc, pk, ca.CAFile)
+  owner_ttl: %v
+`, addrs[i], certFile, keyFile, hostsFile, filepath.Join(idir, "state.json"), name, urls, peer, peer, pc, pk, ca.CAFile,
+			shortLease(outageEngineTimeout)) // engine_timeout: the default
 		p := filepath.Join(idir, "broker.yaml")
 		if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)

@@ -30,11 +30,69 @@ const (
 	preShareHost = "h."
 	preShareCred = "k."
 	shareSlot    = int64(time.Hour / time.Second)
-	// shareRetries bounds the compare-and-set rounds of one change; past
-	// them (another instance won every time) the match answers
-	// `unavailable`.
+	// shareRetries bounds the compare-and-set rounds of one change that
+	// lose to a write the engine applied; past them (another instance won
+	// every time) the match answers `unavailable`.
 	shareRetries = 8
 )
+
+// shareTurns makes one instance's changes of a counter take turns: a
+// change waits (for at most its ctx) until the one before it on the same
+// key has its answer. A host's clients are all admitted on its owner, so
+// without turns its simultaneous clients raced each other's
+// compare-and-set on h.<host_id> through the engine, and past
+// shareRetries lost rounds the ninth was answered `unavailable`; in turn,
+// each writes at the revision the last one left in the cache, at once.
+// Changes of other keys do not wait, and other instances' changes still
+// race through the engine. A key has an entry only while a change of it
+// holds or waits for its turn.
+type shareTurns struct {
+	mu sync.Mutex
+	m  map[string]*shareTurn
+}
+
+type shareTurn struct {
+	held  chan struct{} // a value in it: the turn is taken
+	users int           // changes holding or waiting for the turn
+}
+
+// take waits for key's turn; release gives it up.
+func (t *shareTurns) take(ctx context.Context, key string) (release func(), err error) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[string]*shareTurn{}
+	}
+	turn := t.m[key]
+	if turn == nil {
+		turn = &shareTurn{held: make(chan struct{}, 1)}
+		t.m[key] = turn
+	}
+	turn.users++
+	t.mu.Unlock()
+	leave := func() {
+		t.mu.Lock()
+		if turn.users--; turn.users == 0 {
+			delete(t.m, key)
+		}
+		t.mu.Unlock()
+	}
+	select {
+	case turn.held <- struct{}{}:
+		return func() { <-turn.held; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, ctx.Err()
+	}
+}
+
+// writeInProcess reports whether the engine refused a compare-and-set
+// because another write of the key is still being replicated (it takes
+// one conditional write per key at a time). Reading at once would return
+// the value before that write, so the next round waits for it first.
+func writeInProcess(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
 
 // shareCount is a counter's value: [end of the hour (Unix s), entries
 // expiring in it], ascending.
@@ -78,7 +136,9 @@ var errShareContended = errors.New("cluster: replay share changed by other insta
 // the cluster. false: a share was full, and neither is counted. The host's
 // count is given back (best effort) when the credential's is refused or
 // fails; a give-back that fails leaves the host counted once too often,
-// which only lets fewer clients in.
+// which only lets fewer clients in. Each engine operation (a share's read,
+// its write, again after a conflict) has the engine_timeout; ctx bounds
+// them all.
 func (s *State) CountReplay(ctx context.Context, host wire.ID, d wire.Digest, exp time.Time, perHost, perCred int) (bool, error) {
 	hk, ck := preShareHost+host.String(), preShareCred+d.String()
 	ok, err := s.addShare(ctx, hk, exp.Unix(), perHost, 1)
@@ -137,18 +197,33 @@ func (sc *shareCache) drop(key string) {
 	sc.mu.Unlock()
 }
 
+// op bounds one engine operation by the engine_timeout, within ctx.
+func (s *State) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opt.Timeout)
+}
+
 // addShare adds delta to the counter key, unless delta is positive and the
 // live count is at limit already (then false). The key lives until its
 // last slot ends.
 func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, delta int64) (bool, error) {
+	release, err := s.turns.take(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	cached, guess := s.shares.get(key)
-	for range shareRetries {
+	// wait is how long a round waits for a write in process (doubling up
+	// to the engine's timeout for one operation).
+	wait := time.Millisecond
+	for lost := 0; lost < shareRetries; {
 		var c shareCount
 		var rev uint64
 		if guess {
 			c, rev = cached.c, cached.rev
 		} else {
-			e, err := s.replay.Get(ctx, key)
+			octx, cancel := s.op(ctx)
+			e, err := s.replay.Get(octx, key)
+			cancel()
 			switch {
 			case err == nil:
 				if err := json.Unmarshal(e.Value(), &c); err != nil {
@@ -182,18 +257,26 @@ func (s *State) addShare(ctx context.Context, key string, exp int64, limit int, 
 		b, _ := json.Marshal(c)
 		var nrev uint64
 		var err error
+		octx, cancel := s.op(ctx)
 		if rev == 0 {
-			nrev, err = s.replay.Create(ctx, key, b, jetstream.KeyTTL(ttlUntil(until)))
-			if errors.Is(err, jetstream.ErrKeyExists) {
-				continue
-			}
+			nrev, err = s.replay.Create(octx, key, b, jetstream.KeyTTL(ttlUntil(until)))
 		} else {
-			nrev, err = s.publishTTL(ctx, s.replay, key, b, ttlUntil(until), jetstream.WithExpectLastSequencePerSubject(rev))
-			if revisionChanged(err) {
-				continue
-			}
+			nrev, err = s.publishTTL(octx, s.replay, key, b, ttlUntil(until), jetstream.WithExpectLastSequencePerSubject(rev))
 		}
-		if err != nil {
+		cancel()
+		switch {
+		case writeInProcess(err):
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+			wait = min(2*wait, s.opt.Timeout)
+			continue
+		case errors.Is(err, jetstream.ErrKeyExists) || revisionChanged(err):
+			lost++
+			continue
+		case err != nil:
 			s.shares.drop(key)
 			return false, err
 		}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -83,4 +84,84 @@ func TestShareGiveBackAfterAConflictLeavesTheRightHour(t *testing.T) {
 	if len(c.Slots) != 1 || c.Slots[0] != [2]int64{want, 1} {
 		t.Fatalf("after the give-back the engine holds %v, want [[%d 1]] (the five-hour entry)", c.Slots, want)
 	}
+}
+
+// TestSimultaneousClientsOfAHostAreAllCounted: the clients of one host
+// are all admitted on its owner; many at once (a browser opening its
+// connections) each get their place in the host's replay share, counted
+// once each, rather than losing the compare-and-set to one another until
+// the retries run out (`unavailable`). An instance answers them in turn.
+func TestSimultaneousClientsOfAHostAreAllCounted(t *testing.T) {
+	nc := startNATSCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	st, err := Open(ctx, Options{InstanceID: "a", URLs: nc.urls(), BucketPrefix: "reach", Replicas: 3, Timeout: 2 * time.Second})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	const clients = 4 * shareRetries
+	host := wire.NewID()
+	exp := time.Now().Add(wire.ReplayTTL)
+	errs := make(chan error, clients)
+	start := make(chan struct{})
+	for range clients {
+		go func() {
+			<-start
+			cctx, cancel := context.WithTimeout(context.Background(), st.Timeout())
+			defer cancel()
+			d := wire.TokenDigest(wire.NewID().String()) // a client credential of its own
+			ok, err := st.CountReplay(cctx, host, d, exp, clients, clients)
+			if err == nil && !ok {
+				err = errors.New("refused as full")
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Errorf("a client of the host: %v", err)
+		}
+	}
+	e, err := st.replay.Get(context.Background(), preShareHost+host.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c shareCount
+	if err := json.Unmarshal(e.Value(), &c); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.live(time.Now().Unix()); n != clients {
+		t.Fatalf("the host's share counts %d clients, want %d", n, clients)
+	}
+}
+
+// TestShareTurnsArePerKey: a change of a counter waits only for changes of
+// the same counter, and a counter nobody changes keeps no entry.
+func TestShareTurnsArePerKey(t *testing.T) {
+	var turns shareTurns
+	relA, err := turns.take(context.Background(), "h.a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	relB, err := turns.take(context.Background(), "h.b") // not behind h.a
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := turns.take(gone, "h.a"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a second change of h.a while the first holds its turn: %v, want to wait (canceled)", err)
+	}
+	relA()
+	relB()
+	if n := len(turns.m); n != 0 {
+		t.Fatalf("%d turns kept after every change ended", n)
+	}
+	rel, err := turns.take(context.Background(), "h.a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
 }

@@ -78,8 +78,10 @@ type State struct {
 	state  jetstream.KeyValue
 	replay jetstream.KeyValue
 
-	// shares caches the replay-share counters this instance wrote.
+	// shares caches the replay-share counters this instance wrote; turns
+	// orders its changes of each.
 	shares shareCache
+	turns  shareTurns
 
 	// reloads hands Reload's requests to Follow's goroutine.
 	reloads chan reload

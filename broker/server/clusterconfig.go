@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"regexp"
 	"time"
 )
@@ -94,5 +95,25 @@ func (c *Config) validateCluster(bad func(key, format string, args ...any)) {
 	}
 	if k.EngineTimeout <= 0 || k.EngineTimeout > time.Minute {
 		bad("cluster.engine_timeout", "must be more than 0 and at most 1m")
+	} else if msg := LeaseTimingProblem(k.OwnerTTL, k.EngineTimeout); msg != "" {
+		bad("cluster.engine_timeout", "%s", msg)
 	}
+}
+
+// LeaseTimingProblem says why an owner lease of ownerTTL can run out under
+// a host that stays registered when each engine write takes up to
+// engineTimeout ("" when it cannot). A lease is written once when its host
+// registers and then by renewal rounds every ownerTTL/3 (broker/cluster's
+// Owners.renew), each renewal one write; a round skips a lease whose
+// registration's write is still in flight. The longest wait between two
+// writes that reach the engine is a registration's write taking the whole
+// timeout, the next round up to ownerTTL/3 later and its write taking the
+// whole timeout again: 2 × engineTimeout + ownerTTL/3, which must stay
+// below ownerTTL, so engineTimeout below ownerTTL/3. (That a round over
+// many leases ends within ownerTTL/3 is the renewal's own concern.)
+func LeaseTimingProblem(ownerTTL, engineTimeout time.Duration) string {
+	if 3*engineTimeout < ownerTTL {
+		return ""
+	}
+	return fmt.Sprintf("%v must be less than a third of cluster.owner_ttl (%v): a lease renewed every owner_ttl/3 by writes that each take up to engine_timeout would run out under its host", engineTimeout, ownerTTL)
 }

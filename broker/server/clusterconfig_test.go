@@ -64,3 +64,32 @@ func TestClusterConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterEngineTimeoutFitsTheLease: an engine_timeout of a third of
+// owner_ttl or more is refused at load, naming both keys (a lease renewed
+// every owner_ttl/3 by writes that each take the whole timeout could run
+// out under its host); the defaults, and a lease just long enough, load.
+func TestClusterEngineTimeoutFitsTheLease(t *testing.T) {
+	base := clusterYAMLBase + `cluster:
+  enabled: true
+  instance_id: b-1
+  nats: {urls: ["nats://10.0.0.1:4222"]}
+  peer: {advertise: "10.0.0.5:9445", cert_file: /x/p.pem, key_file: /x/k.pem, ca_file: /x/ca.pem}
+`
+	c, err := ParseConfig("b.yaml", []byte(base))
+	if err != nil {
+		t.Fatalf("the default owner_ttl and engine_timeout: %v", err)
+	}
+	if k := c.Cluster; 3*k.EngineTimeout >= k.OwnerTTL {
+		t.Fatalf("defaults %v / %v break the rule they passed", k.OwnerTTL, k.EngineTimeout)
+	}
+	if _, err := ParseConfig("b.yaml", []byte(base+"  owner_ttl: 6100ms\n  engine_timeout: 2s\n")); err != nil {
+		t.Fatalf("6.1s / 2s: %v", err)
+	}
+	for _, pair := range []string{"owner_ttl: 6s\n  engine_timeout: 5s", "owner_ttl: 6s\n  engine_timeout: 2s", "owner_ttl: 3s"} {
+		_, err := ParseConfig("b.yaml", []byte(base+"  "+pair+"\n"))
+		if err == nil || !strings.Contains(err.Error(), "cluster.engine_timeout") || !strings.Contains(err.Error(), "cluster.owner_ttl") {
+			t.Errorf("%q: %v, want an error naming cluster.engine_timeout and cluster.owner_ttl", pair, err)
+		}
+	}
+}

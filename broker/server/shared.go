@@ -34,7 +34,8 @@ type Shared interface {
 	// CountReplay counts one accepted client registration, remembered
 	// until exp, in host's replay share (at most perHost) and credential
 	// d's (perCred), across the cluster: false, counting neither, when
-	// one is full.
+	// one is full. It makes several engine operations, each bounded by
+	// Timeout; ctx bounds them all.
 	CountReplay(ctx context.Context, host wire.ID, d wire.Digest, exp time.Time, perHost, perCred int) (bool, error)
 	// ReleaseConnectionID undoes ClaimConnectionID for a registration
 	// refused after it.
@@ -47,7 +48,8 @@ type Shared interface {
 	// with Follow's changes (a hosts-file reload: the mirror skipped the
 	// credentials of hosts it did not list).
 	Reload(ctx context.Context, apply func(store.Op)) error
-	// Timeout bounds one engine operation (cluster.engine_timeout).
+	// Timeout bounds one engine operation (cluster.engine_timeout); a
+	// method that makes several bounds each by it.
 	Timeout() time.Duration
 }
 
@@ -243,6 +245,12 @@ func (b *Broker) claimID(ctx context.Context, id wire.ID) error {
 	return nil
 }
 
+// admitSteps bounds a match's recording in the engine (admitSharedLocked)
+// to this many engine_timeouts: its steps are the host's replay share, the
+// credential's and a bootstrap's use, each a write and, when this instance
+// has not written the share before or lost a race for it, a read.
+const admitSteps = 3
+
 // admitSharedLocked (b.mu held; released while the engine answers, held
 // again on return) records in the engine what the matching order that
 // passed on this instance decided: the client's place in its host's and
@@ -253,7 +261,8 @@ func (b *Broker) claimID(ctx context.Context, id wire.ID) error {
 // meanwhile; the connection_id enters the local replay table once the
 // engine counted it. (A client's connection_id was claimed before the
 // matching order ran, by claimID in match, or by the instance that
-// forwarded it.)
+// forwarded it.) Each engine operation has the engine_timeout, and the
+// recording as a whole at most admitSteps of them.
 func (b *Broker) admitSharedLocked(ctx context.Context, h *hostSession, cred store.Credential, id wire.ID) error {
 	h.mu.Lock()
 	h.reserved++
@@ -265,7 +274,7 @@ func (b *Broker) admitSharedLocked(ctx context.Context, h *hostSession, cred sto
 	b.mu.Unlock()
 	sh := b.cfg.Shared
 	now := b.cfg.now()
-	cctx, cancel := context.WithTimeout(ctx, sh.Timeout())
+	cctx, cancel := context.WithTimeout(ctx, admitSteps*sh.Timeout())
 	ok, err := sh.CountReplay(cctx, h.id, cred.Digest, now.Add(wire.ReplayTTL), b.cfg.ReplayPerHost, b.cfg.ReplayPerCredential)
 	switch {
 	case err != nil:
@@ -279,7 +288,9 @@ func (b *Broker) admitSharedLocked(ctx context.Context, h *hostSession, cred sto
 		rcancel()
 		err = &wire.Error{Code: wire.CodeQuotaExceeded, Detail: "replay share of this credential or host is full across the cluster"}
 	case cred.Kind == wire.KindBootstrap:
-		ok, err = sh.ClaimConsumed(cctx, cred.Digest, time.Unix(cred.ExpiresAt, 0))
+		octx, ocancel := context.WithTimeout(cctx, sh.Timeout())
+		ok, err = sh.ClaimConsumed(octx, cred.Digest, time.Unix(cred.ExpiresAt, 0))
+		ocancel()
 		if err == nil && !ok {
 			err = &wire.Error{Code: wire.CodeReplayed, Detail: "bootstrap token already consumed on another instance"}
 		}

@@ -63,24 +63,42 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err := CheckWriter(filepath.Dir(path)); err != nil {
 		return err
 	}
-	return write(path, data, perm)
+	owner, err := targetOwner(path)
+	if err != nil {
+		return err
+	}
+	return write(path, data, perm, &owner)
 }
 
 // WriteOutput is WriteFile for a file the caller named on the command line
 // (`pair --png FILE`): written the same way, but in any directory the caller
 // may write, such as /tmp. CheckWriter's rule is for the state directory and
 // the files the configuration names, where a file the service cannot read
-// breaks the service; an output file is the caller's own.
+// breaks the service; an output file is the caller's own. Run as root, it
+// goes to the directory's owner only when nobody else may create files
+// there, and never to the owner of a file already at the path: in a shared
+// directory anyone could have put that file there to be handed the secret.
 func WriteOutput(path string, data []byte, perm os.FileMode) error {
-	return write(path, data, perm)
-}
-
-func write(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
-	owner, err := targetOwner(path)
+	fi, err := os.Stat(dir)
 	if err != nil {
 		return err
 	}
+	var owner *Owner
+	if fi.Mode().Perm()&0o022 == 0 {
+		o, err := OwnerOf(dir)
+		if err != nil {
+			return err
+		}
+		owner = &o
+	}
+	return write(path, data, perm, owner)
+}
+
+// write replaces path atomically; run as root, the file is given owner
+// (nil: it stays root's) before the rename.
+func write(path string, data []byte, perm os.FileMode, owner *Owner) error {
+	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
@@ -102,7 +120,7 @@ func write(path string, data []byte, perm os.FileMode) error {
 	if err := tmp.Sync(); err != nil {
 		return err
 	}
-	if os.Geteuid() == 0 {
+	if os.Geteuid() == 0 && owner != nil {
 		if err := tmp.Chown(owner.UID, owner.GID); err != nil {
 			return err
 		}

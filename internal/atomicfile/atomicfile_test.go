@@ -96,6 +96,43 @@ func TestRootWritesKeepDirectoryOwner(t *testing.T) {
 	}
 }
 
+// An output file root writes into a shared directory (/tmp) is never handed
+// to whoever owns a file already at that path: anyone may plant one there.
+// In a directory only its owner may write to, the owner gets it.
+func TestRootOutputInASharedDirectoryStaysRoots(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to plant a file of another owner")
+	}
+	shared := t.TempDir()
+	if err := os.Chmod(shared, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(shared, "qr.png")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, 4242, 4343); err != nil { // the planted file
+		t.Fatal(err)
+	}
+	if err := WriteOutput(p, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := OwnerOf(p); err != nil || o.UID != 0 {
+		t.Fatalf("the output went to %+v (%v), not root", o, err)
+	}
+	private := t.TempDir()
+	if err := os.Chown(private, 4242, 4343); err != nil {
+		t.Fatal(err)
+	}
+	q := filepath.Join(private, "qr.png")
+	if err := WriteOutput(q, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := OwnerOf(q); err != nil || o.UID != 4242 {
+		t.Fatalf("in its owner's own directory the output went to %+v (%v)", o, err)
+	}
+}
+
 func TestMkdirPrivate(t *testing.T) {
 	base := t.TempDir()
 	d := filepath.Join(base, "a", "state")

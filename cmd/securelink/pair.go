@@ -104,7 +104,7 @@ func runPair(c *cli.Context) error {
 		return err
 	}
 	if st.Reach.Enabled != e.Cfg.Reach.Enabled {
-		fmt.Fprintf(os.Stderr, "note: %s says reach.enabled: %t but the running daemon has Reach %s; pairing with what it runs (reload it to apply the file)\n",
+		fmt.Fprintf(os.Stderr, "note: %s says reach.enabled: %t but the running daemon has Reach %s; pairing with what it runs (a Reach change needs a restart: systemctl restart securelink)\n",
 			e.Cfg.File, e.Cfg.Reach.Enabled, map[bool]string{true: "on", false: "off"}[st.Reach.Enabled])
 	}
 	var broker *pairing.BrokerBootstrap

@@ -402,7 +402,7 @@ func checkConnector(r connector.Status, add func(Result)) {
 	switch {
 	case !r.Enabled:
 		add(Result{check, Warn, "reach.enabled is true but the running daemon does not run Reach",
-			"reload it (systemctl reload securelink)"})
+			"restart it (systemctl restart securelink): a reload does not apply reach.* changes"})
 	case r.PermanentError != "":
 		add(Result{check, Fail, "the broker refuses this host: " + r.PermanentError + " (the connector waits 10 minutes between attempts)",
 			"check reach.host_id and reach.host_token_file against what `securelink broker add-host` printed for this host"})

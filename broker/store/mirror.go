@@ -1,10 +1,6 @@
 package store
 
-import (
-	"time"
-
-	"github.com/hermes-securelink/securelink/broker/wire"
-)
+import "time"
 
 // ApplyOp applies a change that another broker instance of a cluster made
 // and the shared engine delivered (docs/cluster.md): it is not a change of
@@ -24,7 +20,15 @@ func (s *State) ApplyOp(op Op, now time.Time) bool {
 	case OpConsumed:
 		return s.consumed.Add(op.Digest, struct{}{}, op.ExpiresAt, now.Unix())
 	case OpRevoked:
-		return s.revoked.Add(op.Digest, wire.ID{}, op.ExpiresAt, now.Unix())
+		// A digest this instance already holds as revoked keeps its host,
+		// so the host's share stays counted once (Add rewrites the value).
+		old, had := s.revoked.m[op.Digest]
+		if !s.revoked.Add(op.Digest, old.v, op.ExpiresAt, now.Unix()) {
+			return false
+		}
+		if cur := s.revoked.m[op.Digest]; had && !old.v.IsZero() && cur.exp != old.exp {
+			s.revokedBy.added(old.v, op.Digest, cur.exp, true)
+		}
 	}
 	return true
 }

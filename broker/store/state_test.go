@@ -397,3 +397,30 @@ func TestRevokedTableSharesPerHost(t *testing.T) {
 		t.Fatalf("revoked table holds %d", rv)
 	}
 }
+
+// Another instance's revoke of a digest this one already holds as revoked
+// keeps the entry's host: the host's share must stay counted once, and go
+// when the entry goes.
+func TestMirroredRevokeKeepsTheHostsShare(t *testing.T) {
+	a := wire.NewID()
+	s := NewState(40, 10)
+	s.SetRevokedShare(8)
+	now := t0.Unix()
+	if _, err := s.Publish(route(a, "x", "ax", now+1000), t0); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Revoke(a, "x", t0)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("revoke: %v %v", got, err)
+	}
+	if !s.ApplyOp(Op{Kind: OpRevoked, Digest: got[0], ExpiresAt: now + 2000}, t0) {
+		t.Fatal("mirrored revoke refused")
+	}
+	if n := s.RevokedBy(a); n != 1 {
+		t.Fatalf("host's share after the mirrored revoke: %d, want 1", n)
+	}
+	s.revoked.Remove(got[0])
+	if n := s.RevokedBy(a); n != 0 {
+		t.Fatalf("host's share after its entry left: %d, want 0", n)
+	}
+}

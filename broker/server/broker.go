@@ -686,6 +686,13 @@ func (b *Broker) endStreamLocked(s *stream, e streamEnd) bool {
 	}
 	if !e.flush {
 		s.dropDownLocked()
+	} else if !s.credit && s.downBytes > 0 {
+		// Its queue still holds part of the host's plain cap: the
+		// slow-consumer rule must still see it.
+		if h.drainingPlain == nil {
+			h.drainingPlain = map[*stream]struct{}{}
+		}
+		h.drainingPlain[s] = struct{}{}
 	}
 	if s.credit {
 		// Its credit is void now: the room goes to the streams waiting.

@@ -407,7 +407,9 @@ func TestKeepaliveForgivesPausedReaders(t *testing.T) {
 	}
 }
 
-// queuedDown sums the client-bound bytes queued for host i's live streams.
+// queuedDown is the client-bound bytes queued for host i's streams, plain
+// and credit: the live ones and those the host closed whose queue still
+// drains (a walk of h.streams sees only the live ones).
 func (se *streamEnv) queuedDown(i int) int {
 	h := se.session(i)
 	if h == nil {
@@ -415,11 +417,7 @@ func (se *streamEnv) queuedDown(i int) int {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	n := 0
-	for _, s := range h.streams {
-		n += s.downBytes
-	}
-	return n
+	return h.downPlain + h.downHeld
 }
 
 // In plain v1 all of a host's client-bound queues together hold at most
@@ -518,11 +516,18 @@ func TestPlainClientBoundQueuesAreCappedPerHost(t *testing.T) {
 	}
 }
 
-// When a host waits on its per-host client-bound cap, the stream holding
-// it whose client makes no progress for slow_consumer_timeout is closed
-// (1013), as a stream with a full queue of its own is, and the host's
-// other streams continue.
-func TestHostCapClosesTheStalledStreamAndOthersContinue(t *testing.T) {
+// capRig is host 0 with a per-host client-bound cap of two client frames
+// and a slow-consumer timeout of 300 ms, and two of its route streams:
+// stuck, whose client reads nothing, and moving.
+type capRig struct {
+	*streamEnv
+	stuck, moving     *pipeConn
+	stuckID, movingID wire.ID
+}
+
+const capRigFrame = 64 << 10
+
+func newCapRig(t *testing.T) *capRig {
 	se := newStreamEnv(t, func(c *Config) {
 		c.HostQueueBytes = 2 * wire.MaxHostFrameIn
 		c.StreamQueueFrames = 64
@@ -532,41 +537,96 @@ func TestHostCapClosesTheStalledStreamAndOthersContinue(t *testing.T) {
 	se.pipeN = 4
 	se.host = se.env.host(0)
 	se.publishRoute(se.host, "r2", se.token2())
-	stuck, stuckID := se.client(se.host, 0, wire.KindRoute, se.tok2)
-	moving, movingID := se.client(se.host, 0, wire.KindRoute, se.tok2)
-	const size = 64 << 10
+	r := &capRig{streamEnv: se}
+	r.stuck, r.stuckID = se.client(se.host, 0, wire.KindRoute, se.tok2)
+	r.moving, r.movingID = se.client(se.host, 0, wire.KindRoute, se.tok2)
+	return r
+}
+
+// send has the host send 32 frames for the stuck stream, which fit its own
+// queue (64 frames, 8 MiB) and fill the host's cap, then the frames given
+// (a CLOSE for the stuck stream), then one frame for the moving stream,
+// which must wait for room.
+func (r *capRig) send(t *testing.T, then ...[]byte) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), step)
 		defer cancel()
-		// 32 frames fit the stuck stream's own queue (64 frames, 8 MiB)
-		// and fill the host's; the other stream's frame must wait.
 		for i := 0; i < 32; i++ {
-			if err := se.host.Write(ctx, Binary, dataFrame(stuckID, bytes.Repeat([]byte("s"), size))); err != nil {
+			if err := r.host.Write(ctx, Binary, dataFrame(r.stuckID, bytes.Repeat([]byte("s"), capRigFrame))); err != nil {
 				t.Errorf("host write %d: %v", i, err)
 				return
 			}
 		}
-		se.host.Write(ctx, Binary, dataFrame(movingID, bytes.Repeat([]byte("m"), size)))
+		for _, f := range then {
+			if err := r.host.Write(ctx, Binary, f); err != nil {
+				t.Errorf("host write: %v", err)
+				return
+			}
+		}
+		r.host.Write(ctx, Binary, dataFrame(r.movingID, bytes.Repeat([]byte("m"), capRigFrame)))
 	}()
+}
+
+// movingGetsItsFrame reads the moving stream's frame, then the stuck
+// stream's close, which must be 1013, and returns what the stuck client got.
+func (r *capRig) movingGetsItsFrame(t *testing.T) []byte {
+	t.Helper()
+	var got []byte
+	for len(got) < capRigFrame {
+		got = append(got, readBinary(t, r.moving)...)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte("m"), capRigFrame)) {
+		t.Fatalf("other stream got %d bytes", len(got))
+	}
+	rest, code := drainUntilClose(t, r.stuck)
+	if code != wire.CloseTryAgain {
+		t.Fatalf("stuck client closed %d, want 1013", code)
+	}
+	if n := r.b.Stats().Counts["stream:slow_consumer"]; n != 1 {
+		t.Fatalf("%d slow-consumer closes", n)
+	}
+	return rest
+}
+
+// When a host waits on its per-host client-bound cap, the stream holding
+// it whose client makes no progress for slow_consumer_timeout is closed
+// (1013), as a stream with a full queue of its own is, and the host's
+// other streams continue.
+func TestHostCapClosesTheStalledStreamAndOthersContinue(t *testing.T) {
+	r := newCapRig(t)
+	r.send(t)
 	start := time.Now()
-	if got := readBinary(t, se.host); !bytes.Equal(got, closeFrame(stuckID)) {
+	if got := readBinary(t, r.host); !bytes.Equal(got, closeFrame(r.stuckID)) {
 		t.Fatalf("host got %x, want CLOSE for the stuck stream", got)
 	}
 	if time.Since(start) < 300*time.Millisecond {
 		t.Fatal("closed before the slow-consumer timeout")
 	}
-	var got []byte
-	for len(got) < size {
-		got = append(got, readBinary(t, moving)...)
+	r.movingGetsItsFrame(t)
+	r.alive(r.host)
+}
+
+// A stream the host closed keeps its queue, which still holds the host's
+// plain cap until written: when its client makes no progress for
+// slow_consumer_timeout it is closed 1013 as a live one is, and the host's
+// other streams and control messages go on. Before, only live streams were
+// looked at: with none holding bytes no timer ran, and the host socket
+// stayed unread until the closed stream's write failed (write_timeout,
+// renewed by every fragment a trickling client takes).
+func TestHostCapClosesAStalledStreamTheHostClosed(t *testing.T) {
+	r := newCapRig(t)
+	r.send(t, closeFrame(r.stuckID))
+	waitFor(t, "the host's CLOSE to end the stream", func() bool {
+		return r.b.Stats().Counts["stream:host_close"] == 1
+	})
+	if r.queuedDown(0) == 0 {
+		t.Fatal("the closed stream's queue holds nothing")
 	}
-	if !bytes.Equal(got, bytes.Repeat([]byte("m"), size)) {
-		t.Fatalf("other stream got %d bytes", len(got))
+	if rest := r.movingGetsItsFrame(t); len(rest) >= 32*capRigFrame {
+		t.Fatalf("stuck client got all %d bytes", len(rest))
 	}
-	if _, code := drainUntilClose(t, stuck); code != wire.CloseTryAgain {
-		t.Fatalf("stuck client closed %d", code)
+	if n := r.queuedDown(0); n > capRigFrame {
+		t.Fatalf("%d client-bound bytes still queued", n)
 	}
-	if n := se.b.Stats().Counts["stream:slow_consumer"]; n != 1 {
-		t.Fatalf("%d slow-consumer closes", n)
-	}
-	se.alive(se.host)
+	r.alive(r.host) // no CLOSE came back for the stream the host closed
 }

@@ -55,7 +55,13 @@ type hostSession struct {
 	// are capped by HostCreditBytes); downSpace fires when it shrinks.
 	downPlain int
 	downSpace broadcast
-	end       *hostEnd
+	// drainingPlain holds the plain streams that ended with their
+	// client-bound queue still to be delivered (the host's CLOSE): their
+	// bytes stay in downPlain until written, so the slow-consumer rule
+	// looks at them as at the live ones (stalestPlainLocked). A stream
+	// leaves once its queue is empty or dropped (dropDownLocked).
+	drainingPlain map[*stream]struct{}
+	end           *hostEnd
 
 	// The credit extension. offered: registered offered it. credit: the
 	// host agreed, so every stream of this registration runs under it;
@@ -673,7 +679,7 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 				// arrive. The write finishes if the client reads again (then
 				// 1013 follows) or fails after WriteTimeout; the queued data
 				// is released now either way.
-				b.endStream(slow, streamEnd{code: wire.CloseTryAgain, reason: "slow consumer", toHost: true, stat: "slow_consumer"})
+				b.endSlow(slow)
 				if slow == s {
 					return true
 				}
@@ -705,19 +711,48 @@ func (h *hostSession) enqueueDown(ctx context.Context, s *stream, payload []byte
 }
 
 // stalestPlainLocked (h.mu held) is the plain stream with client-bound
-// bytes queued whose client progressed least recently, nil when none.
+// bytes queued whose client progressed least recently, nil when none: a
+// live one or one the host already closed whose queue still drains. Every
+// byte in downPlain is queued for one of them, so while the host waits on
+// its cap there is always one to time.
 func (h *hostSession) stalestPlainLocked() *stream {
 	var slow *stream
 	var at int64
-	for _, o := range h.streams {
+	pick := func(o *stream) {
 		if o.credit || o.downBytes == 0 {
-			continue
+			return
 		}
 		if p := o.lastProgress.Load(); slow == nil || p < at {
 			slow, at = o, p
 		}
 	}
+	for _, o := range h.streams {
+		pick(o)
+	}
+	for o := range h.drainingPlain {
+		pick(o)
+	}
 	return slow
+}
+
+// endSlow closes stream s, whose client made no progress on the queue the
+// host waits behind, with 1013 and drops that queue. A stream the host
+// already closed, still delivering its queue, ends so too: its client gets
+// 1013 instead of the rest, and the host, which closed it, no CLOSE.
+func (b *Broker) endSlow(s *stream) {
+	e := streamEnd{code: wire.CloseTryAgain, reason: "slow consumer", toHost: true, stat: "slow_consumer"}
+	h := s.h
+	b.mu.Lock()
+	h.mu.Lock()
+	if !b.endStreamLocked(s, e) && s.end.flush && s.downBytes > 0 {
+		e.toHost = false
+		s.end = &e
+		s.dropDownLocked()
+		s.downWake.kick()
+		b.count("stream:" + e.stat)
+	}
+	h.mu.Unlock()
+	b.mu.Unlock()
 }
 
 // ---------------------------------------------------------------------------

@@ -413,6 +413,7 @@ func (s *stream) dropDownLocked() {
 		s.h.downSpace.fire()
 	}
 	s.down, s.downBytes = nil, 0
+	delete(s.h.drainingPlain, s)
 	if freed {
 		s.h.grantAllLocked(nil) // room for the streams waiting
 	}

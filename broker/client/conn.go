@@ -131,6 +131,12 @@ type Conn struct {
 	kaDone     chan struct{}
 	pingEvery  time.Duration
 	pongWithin time.Duration
+
+	// Tests only, set before the first Write: hookSent runs between a
+	// send's write returning and the end of its deadline watch, and
+	// hookDeadlineCut once that watch acted on a deadline that fired;
+	// together they make the window between the two deterministic.
+	hookSent, hookDeadlineCut func()
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -479,6 +485,9 @@ func (c *Conn) send(b []byte) error {
 	c.pause.Enter()
 	err := c.gate.Write(msgconn.Binary, b, c.writeTimeout, c.progress)
 	c.pause.Leave()
+	if c.hookSent != nil {
+		c.hookSent()
+	}
 	stop()
 	if err == nil {
 		return nil
@@ -516,9 +525,15 @@ func (c *Conn) cutAtDeadline() (stop func()) {
 		case <-fired:
 			mu.Lock()
 			if sending {
-				c.gate.Cut()
+				// Only a write still in progress: one that just
+				// succeeded is not undone, and the next Write sees the
+				// deadline itself.
+				c.gate.CutWrite()
 			}
 			mu.Unlock()
+			if c.hookDeadlineCut != nil {
+				c.hookDeadlineCut()
+			}
 		case <-done:
 		}
 	}()

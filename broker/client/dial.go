@@ -126,13 +126,14 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 	}
 
 	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	ws, resp, err := websocket.Dial(dctx, u.String(), &websocket.DialOptions{
+	// msgconn.Dial answers the broker's pings itself: never the library's
+	// pong, which ends the reader after 5 s behind a long frame write (a
+	// batch flushed to a slow uplink), and never a pong per ping grown
+	// into a batch the broker does not read.
+	conn, resp, err := msgconn.Dial(dctx, u.String(), &websocket.DialOptions{
 		HTTPClient:      hc,
 		CompressionMode: websocket.CompressionDisabled,
-		// A broker that stops reading and floods pings must not grow the
-		// batch by a pong per ping (msgconn.BatchConn.OnPing).
-		OnPingReceived: func(ctx context.Context, p []byte) bool { return batch.OnPing(ctx, p) },
-	})
+	}, u.Host)
 	cancel()
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -140,7 +141,6 @@ func dial(ctx context.Context, cfg Config) (*Conn, error) {
 		}
 		return nil, fmt.Errorf("reach: connect to broker %s: %w", u.Host, err)
 	}
-	conn := msgconn.FromWebSocket(ws, u.Host)
 	if batch != nil {
 		conn.SetBatch(batch)
 	}

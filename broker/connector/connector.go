@@ -145,17 +145,17 @@ func New(cfg Config) (*Connector, error) {
 // dialWebSocket opens the broker's WebSocket and adapts it.
 func (c *Connector) dialWebSocket(ctx context.Context) (msgconn.Conn, *http.Response, error) {
 	slot := &batchSlot{}
-	ws, resp, err := websocket.Dial(context.WithValue(ctx, batchSlot{}, slot), c.cfg.BrokerURL, &websocket.DialOptions{
+	// msgconn.Dial answers the broker's pings itself: never the library's
+	// pong, which ends the reader after 5 s behind a long frame write (a
+	// batch flushed to a slow uplink), and never a pong per ping grown
+	// into a batch the broker does not read.
+	w, resp, err := msgconn.Dial(context.WithValue(ctx, batchSlot{}, slot), c.cfg.BrokerURL, &websocket.DialOptions{
 		HTTPClient:      c.client,
 		CompressionMode: websocket.CompressionDisabled,
-		// A broker that stops reading and floods pings must not grow the
-		// batch by a pong per ping (msgconn.BatchConn.OnPing).
-		OnPingReceived: func(ctx context.Context, p []byte) bool { return slot.bc.OnPing(ctx, p) },
-	})
+	}, "broker")
 	if err != nil {
 		return nil, resp, err
 	}
-	w := msgconn.FromWebSocket(ws, "broker")
 	if slot.bc != nil {
 		w.SetBatch(slot.bc)
 	}

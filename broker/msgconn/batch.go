@@ -227,15 +227,6 @@ func (b *BatchConn) awaitRoom(ctx context.Context) bool {
 	return b.under == nil || b.under.awaitRoom(ctx)
 }
 
-// OnPing is for the OnPingReceived option of a socket dialed with
-// websocket.Dial whose writes go through b (the library answers the pings
-// of such a socket itself): the answer waits as answerPing's does, and a
-// ping whose 5 s pass behind a stuck batch goes unanswered. A nil b (a
-// socket that got none) answers at once.
-func (b *BatchConn) OnPing(ctx context.Context, _ []byte) bool {
-	return b == nil || b.awaitRoom(ctx)
-}
-
 // crowded (b.mu held): a flush is running and its next round is full.
 func (b *BatchConn) crowded() bool {
 	return b.flushing && b.err == nil && b.buf != nil && len(*b.buf) >= pongBacklog

@@ -488,33 +488,12 @@ func TestBatchConnAboveTLSUsesTheConnection(t *testing.T) {
 // by a pong per ping: writes that arrive during a stuck flush return at
 // once (TLS's close alert must not wait), so before the bound the pongs
 // piled up in memory, ~6 bytes per 2-byte ping, until the write timeout.
-// Both ways a socket answers pings: Accept's (answerPing) and a dialed
-// socket's with OnPing.
+// Both ways a socket is made (Accept and Dial; both answer pings with
+// answerPing).
 func TestPingFloodDuringAStuckBatchIsBounded(t *testing.T) {
 	t.Run("accepted", func(t *testing.T) {
 		l := listenTCP(t)
-		type side struct {
-			w  *WebSocket
-			bc *BatchConn
-		}
-		got := make(chan side, 1)
-		srv := &http.Server{
-			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-				return context.WithValue(ctx, batchKey{}, c)
-			},
-			Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-				w, err := Accept(rw, r, nil, "peer")
-				if err != nil {
-					return
-				}
-				bc := r.Context().Value(batchKey{}).(*BatchConn)
-				w.SetBatch(bc)
-				got <- side{w, bc}
-				<-r.Context().Done()
-			}),
-		}
-		go srv.Serve(batchListener{l})
-		t.Cleanup(func() { srv.Close() })
+		got := serveBatched(t, batchListener{l})
 		peer, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
 			t.Fatal(err)
@@ -525,10 +504,10 @@ func TestPingFloodDuringAStuckBatchIsBounded(t *testing.T) {
 		if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
 			t.Fatalf("upgrade: %v %v", res, err)
 		}
-		s := <-got
+		w := <-got
 		done := make(chan struct{})
 		// Masked empty pings, as a client sends them.
-		stuckBatchStaysBounded(t, s.w, s.bc, done, func() { floodPings(peer, []byte{0x89, 0x80, 1, 2, 3, 4}, done) })
+		stuckBatchStaysBounded(t, w, w.batch, done, func() { floodPings(peer, []byte{0x89, 0x80, 1, 2, 3, 4}, done) })
 	})
 	t.Run("dialed", func(t *testing.T) {
 		l := listenTCP(t)
@@ -555,7 +534,7 @@ func TestPingFloodDuringAStuckBatchIsBounded(t *testing.T) {
 		}
 		bc := NewBatchConn(raw)
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return bc, nil }}}
-		ws, _, err := websocket.Dial(context.Background(), "ws://"+l.Addr().String()+"/", &websocket.DialOptions{HTTPClient: hc, OnPingReceived: bc.OnPing})
+		w, _, err := Dial(context.Background(), "ws://"+l.Addr().String()+"/", &websocket.DialOptions{HTTPClient: hc}, "peer")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -564,7 +543,6 @@ func TestPingFloodDuringAStuckBatchIsBounded(t *testing.T) {
 			t.Fatal("no upgrade")
 		}
 		defer c.Close()
-		w := FromWebSocket(ws, "peer")
 		w.SetBatch(bc)
 		done := make(chan struct{})
 		stuckBatchStaysBounded(t, w, bc, done, func() { floodPings(c, []byte{0x89, 0x00}, done) })
@@ -572,6 +550,30 @@ func TestPingFloodDuringAStuckBatchIsBounded(t *testing.T) {
 }
 
 type batchKey struct{}
+
+// serveBatched serves l, whose connections are BatchConns, and hands out
+// every socket it accepts, with its writes through its BatchConn, as the
+// broker does.
+func serveBatched(t *testing.T, l net.Listener) <-chan *WebSocket {
+	got := make(chan *WebSocket, 1)
+	srv := &http.Server{
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, batchKey{}, c)
+		},
+		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			w, err := Accept(rw, r, nil, "peer")
+			if err != nil {
+				return
+			}
+			w.SetBatch(r.Context().Value(batchKey{}).(*BatchConn))
+			got <- w
+			<-r.Context().Done()
+		}),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return got
+}
 
 // batchListener hands every accepted connection out as a BatchConn, as the
 // broker's listener does.

@@ -132,6 +132,25 @@ func (g *WriteGate) Cut() {
 	}
 }
 
+// CutWrite cuts the write in progress, if any, and with it every later
+// one, as Cut does; on a gate with no write in progress it does nothing,
+// so a caller's deadline that fires just after a write succeeded does not
+// end the socket (the caller checks its deadline before the next write).
+func (g *WriteGate) CutWrite() {
+	if g.tw == nil {
+		g.mu.Lock()
+		if g.cancel != nil {
+			g.state.Store(gateCut)
+			g.cancel()
+		}
+		g.mu.Unlock()
+		return
+	}
+	if g.state.CompareAndSwap(gateWriting, gateCut) {
+		g.c.CloseNow()
+	}
+}
+
 // CutWhen cuts the gate and closes its socket once ctx ends: the write in
 // progress and the reader's wait end, as they would under a context per
 // call, while the reader reads under one that never ends. stop undoes it

@@ -48,8 +48,31 @@ func TestWriteGateTimesOnlyWritesInProgress(t *testing.T) {
 }
 
 // Cut ends a gated write that is stuck (the socket is cut) and every later
-// one; a write after Cut fails at once. Both transports.
+// one; a write after Cut fails at once. CutWrite does the same to a write
+// in progress. Both transports.
 func TestWriteGateCut(t *testing.T) {
+	for name, cut := range map[string]func(*WriteGate){"Cut": (*WriteGate).Cut, "CutWrite": (*WriteGate).CutWrite} {
+		t.Run(name, func(t *testing.T) { testWriteGateCut(t, cut) })
+	}
+}
+
+// CutWrite on a gate with no write in progress changes nothing: the next
+// write goes out (a caller's deadline that fired just after its write
+// succeeded). Both transports.
+func TestWriteGateCutWriteLeavesAnIdleGate(t *testing.T) {
+	forEachConnType(t, func(t *testing.T, a, b Conn) {
+		g := NewWriteGate(a)
+		g.CutWrite()
+		if err := g.Write(Binary, []byte("after"), time.Minute, nil); err != nil {
+			t.Fatalf("a write after CutWrite on an idle gate: %v", err)
+		}
+		if _, got, err := b.Read(testCtx(t)); err != nil || string(got) != "after" {
+			t.Fatalf("peer read %q, %v", got, err)
+		}
+	})
+}
+
+func testWriteGateCut(t *testing.T, cut func(*WriteGate)) {
 	forEachConnType(t, func(t *testing.T, a, b Conn) {
 		if p, ok := a.(*PipeConn); ok {
 			p.SetCutOnCancel(true)
@@ -66,14 +89,14 @@ func TestWriteGateCut(t *testing.T) {
 			}
 		}()
 		time.Sleep(100 * time.Millisecond)
-		g.Cut()
+		cut(g)
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
-			t.Fatal("Cut did not end the stuck write")
+			t.Fatal("the cut did not end the stuck write")
 		}
 		if err := g.Write(Binary, []byte("x"), time.Minute, nil); err == nil {
-			t.Fatal("a write after Cut succeeded")
+			t.Fatal("a write after the cut succeeded")
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

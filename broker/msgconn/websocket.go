@@ -44,16 +44,23 @@ type WebSocket struct {
 	watch     writeWatch // the deadline of a WriteGate's write in progress
 
 	// With Accept, the reader notes the pongs of our pings itself
-	// (pongWatch), so a Keepalive's ping is only a write, and answers the
-	// peer's pings itself (answerPing).
-	pongs *pongWatch
-	// fragmented counts the messages write is sending in several frames:
-	// the library's own pong then goes between two of them (answerPing).
-	// fragMu orders answerPing's look at it before its write against a
-	// fragmented write's start, so a pong never waits for a whole message.
-	fragMu     sync.Mutex
-	fragmented atomic.Int32
+	// (pongWatch), so a Keepalive's ping is only a write. With Accept and
+	// Dial, it answers the peer's pings itself (answerPing): while a
+	// message is being written, the pong is owed to its writer, which
+	// sends it right after the message.
+	pongs  *pongWatch
+	pongMu sync.Mutex // writing, owing, owed, owedLen
+	// writing: write is sending a message (it holds the library's message
+	// lock, which a pong written by the reader would wait for).
+	writing bool
+	owing   bool             // a pong is owed to the writer
+	owed    [maxControl]byte // the latest such ping's payload, owed[:owedLen]
+	owedLen int
+	pongOut [maxControl]byte // the writer's copy of owed while it sends it
 }
+
+// maxControl is the largest control frame payload (RFC 6455 §5.5).
+const maxControl = 125
 
 // pongWatch is the ping state of a WebSocket whose reader notes pongs: the
 // sequence number of the last ping written and when a pong to one of ours
@@ -86,6 +93,29 @@ var (
 // FromWebSocket adapts c; remote is the peer's address for logs.
 func FromWebSocket(c *websocket.Conn, remote string) *WebSocket {
 	return &WebSocket{c: c, remote: remote, holdAbove: batchMin}
+}
+
+// Dial dials url like websocket.Dial (opts as there, nil: the defaults)
+// and adapts the connection; remote is the peer's address for logs. Like
+// Accept's, its reader answers the peer's pings itself (OnPingReceived,
+// after opts' own, which may still refuse a ping; see answerPing), so the
+// library's own pong, which gives up the socket's reader after 5 s behind
+// a long frame write, is never used. A Keepalive waits for each of its
+// pongs with Ping, as on FromWebSocket's. Call SetBatch, when the dial's
+// transport put a BatchConn under the socket, before the first Read.
+func Dial(ctx context.Context, url string, opts *websocket.DialOptions, remote string) (*WebSocket, *http.Response, error) {
+	ws := &WebSocket{remote: remote, holdAbove: batchMin}
+	var o websocket.DialOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.OnPingReceived = ws.answerPing(o.OnPingReceived)
+	c, resp, err := websocket.Dial(ctx, url, &o)
+	if err != nil {
+		return nil, resp, err
+	}
+	ws.c = c
+	return ws, resp, nil
 }
 
 // Accept upgrades an HTTP request like websocket.Accept (opts as there,
@@ -126,41 +156,61 @@ func (p *pongWatch) note(_ context.Context, payload []byte) {
 	}
 }
 
-// answerPing is the reader's OnPingReceived: it writes the pong itself,
-// as one frame write under the context the library handed it (the
-// library's 5 s bound for answering this ping), and tells the library not
-// to. The library's own answer takes a second context with a timeout, its
-// timer and a watch of it, ~650 bytes in ~10 objects for every ping
-// answered: on an idle socket, a third of the keepalive's garbage. It
-// leaves the answer to the library only while a message goes out in
-// several frames, whose write holds the message lock this Write takes
-// until its last frame; the library's pong goes between two of them. A
-// pong that fails is not handed to the library either: it would write
-// under the same, then ended, context, which may cut the socket, where a
-// pong that did not get the write lock within 5 s leaves the socket as it
-// is (the library's own did the same; the next read says whether the
-// socket is gone).
+// answerPing is the reader's OnPingReceived: it answers the ping itself
+// and always tells the library not to. The library's own pong waits at
+// most 5 s for its frame lock and then ends the reader; a frame write that
+// flushes a 256 KiB batch (BatchConn) holds that lock as long as the peer
+// takes to read 256 KiB, over 5 s below ~51 KB/s: a slow but moving peer
+// lost its socket. (It also cost a context with a timeout, its timer and
+// a watch, ~650 bytes in ~10 objects for every ping answered.)
+//
+// While the writer sends a message (which holds the library's message
+// lock until its last frame), the pong is owed to that writer, which
+// writes it right after the message (writeMessage); only the latest
+// ping's payload is kept, as RFC 6455 §5.5.3 allows. Otherwise it is one
+// frame write under the context the library handed it; behind a batch
+// the peer does not read it first waits for room (awaitRoom), and a ping
+// whose 5 s pass there goes unanswered, leaving the socket as it is.
 func (w *WebSocket) answerPing(also func(context.Context, []byte) bool) func(context.Context, []byte) bool {
 	return func(ctx context.Context, payload []byte) bool {
 		if also != nil && !also(ctx, payload) {
 			return false
 		}
-		if w.batch != nil && !w.batch.awaitRoom(ctx) {
-			// The ping's 5 s went by behind a batch the peer does not
-			// read: unanswered, as the library's own pong would be when
-			// it cannot get the write lock in time.
+		if w.owe(payload) {
 			return false
 		}
-		w.fragMu.Lock()
-		defer w.fragMu.Unlock()
-		if w.fragmented.Load() > 0 {
-			return true
+		if w.batch != nil && !w.batch.awaitRoom(ctx) {
+			// The ping's 5 s went by behind a batch the peer does not
+			// read: unanswered (a pong per ping must not grow the batch
+			// without end).
+			return false
 		}
-		// No fragmented message can start until this write is done: it
-		// waits, if at all, for a message of one frame.
+		w.pongMu.Lock()
+		defer w.pongMu.Unlock()
+		if w.oweLocked(payload) {
+			return false
+		}
+		// No message can start until this write is done.
 		w.c.Write(ctx, websocket.MessageType(opPong), payload)
 		return false
 	}
+}
+
+// owe hands the pong to payload to the message write in progress, if
+// any, and reports whether it did.
+func (w *WebSocket) owe(payload []byte) bool {
+	w.pongMu.Lock()
+	defer w.pongMu.Unlock()
+	return w.oweLocked(payload)
+}
+
+// oweLocked is owe with pongMu held.
+func (w *WebSocket) oweLocked(payload []byte) bool {
+	if !w.writing {
+		return false
+	}
+	w.owing, w.owedLen = true, copy(w.owed[:], payload)
+	return true
 }
 
 // sendPing writes one ping frame and returns once it is written, without
@@ -407,7 +457,30 @@ func (w *WebSocket) sendHeldWithin(timeout time.Duration) error {
 	return err
 }
 
+// writeMessage writes one message, then the pong a ping that arrived
+// meanwhile is owed (answerPing).
 func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, parts [][]byte, after func()) error {
+	w.pongMu.Lock()
+	w.writing = true
+	w.pongMu.Unlock()
+	err := w.writeFrames(ctx, typ, parts, after)
+	w.pongMu.Lock()
+	w.writing = false
+	owed, n := w.owing, w.owedLen
+	if owed {
+		copy(w.pongOut[:], w.owed[:n])
+		w.owing = false
+	}
+	w.pongMu.Unlock()
+	if owed && err == nil {
+		err = w.c.Write(ctx, websocket.MessageType(opPong), w.pongOut[:n])
+	}
+	return err
+}
+
+// writeFrames writes one message: in one frame up to 64 KiB, else in
+// fragments of at most 64 KiB and at every part's end.
+func (w *WebSocket) writeFrames(ctx context.Context, typ MessageType, parts [][]byte, after func()) error {
 	if len(parts) == 1 && len(parts[0]) <= fragment {
 		err := w.c.Write(ctx, websocket.MessageType(typ), parts[0])
 		if err == nil && after != nil {
@@ -415,10 +488,6 @@ func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, parts [][
 		}
 		return err
 	}
-	w.fragMu.Lock()
-	w.fragmented.Add(1)
-	w.fragMu.Unlock()
-	defer w.fragmented.Add(-1)
 	wr, err := w.c.Writer(ctx, websocket.MessageType(typ))
 	if err != nil {
 		return err

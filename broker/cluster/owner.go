@@ -348,13 +348,15 @@ func (o *Owners) Dial(ctx context.Context, host wire.ID) (msgconn.Conn, error) {
 	tc := o.client.Clone()
 	tc.ServerName = r.By // the owner's certificate names its instance_id
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}}
-	ws, _, err := websocket.Dial(cctx, "wss://"+r.Addr+wire.ConnectPath, &websocket.DialOptions{
+	// msgconn.Dial: the socket answers pings itself, so a pong owed while a
+	// message is written cannot fail the link (decisions, pong-owed).
+	ws, _, err := msgconn.Dial(cctx, "wss://"+r.Addr+wire.ConnectPath, &websocket.DialOptions{
 		HTTPClient: hc, CompressionMode: websocket.CompressionDisabled,
-	})
+	}, r.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: peer %s: %w", r.By, err)
 	}
-	return msgconn.FromWebSocket(ws, r.Addr), nil
+	return ws, nil
 }
 
 // ServePeer serves b's peer handler on ln behind mutual TLS until ctx

@@ -49,18 +49,16 @@ type WebSocket struct {
 	// message is being written, the pong is owed to its writer, which
 	// sends it right after the message.
 	pongs  *pongWatch
-	pongMu sync.Mutex // writing, owing, owed, owedLen
+	pongMu sync.Mutex // writing, owing, owed
 	// writing: write is sending a message (it holds the library's message
 	// lock, which a pong written by the reader would wait for).
 	writing bool
-	owing   bool             // a pong is owed to the writer
-	owed    [maxControl]byte // the latest such ping's payload, owed[:owedLen]
-	owedLen int
-	pongOut [maxControl]byte // the writer's copy of owed while it sends it
+	owing   bool // a pong is owed to the writer
+	// owed is the latest such ping's payload (at most 125 bytes, RFC 6455
+	// §5.5). A slice grown on the first owed pong, not an array in every
+	// socket: an idle socket's memory is a goal of its own.
+	owed []byte
 }
-
-// maxControl is the largest control frame payload (RFC 6455 §5.5).
-const maxControl = 125
 
 // pongWatch is the ping state of a WebSocket whose reader notes pongs: the
 // sequence number of the last ping written and when a pong to one of ours
@@ -209,7 +207,7 @@ func (w *WebSocket) oweLocked(payload []byte) bool {
 	if !w.writing {
 		return false
 	}
-	w.owing, w.owedLen = true, copy(w.owed[:], payload)
+	w.owing, w.owed = true, append(w.owed[:0], payload...)
 	return true
 }
 
@@ -466,14 +464,15 @@ func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, parts [][
 	err := w.writeFrames(ctx, typ, parts, after)
 	w.pongMu.Lock()
 	w.writing = false
-	owed, n := w.owing, w.owedLen
+	owed := w.owing
+	var pong []byte // a copy: the reader may owe the next pong meanwhile
 	if owed {
-		copy(w.pongOut[:], w.owed[:n])
+		pong = append([]byte(nil), w.owed...)
 		w.owing = false
 	}
 	w.pongMu.Unlock()
 	if owed && err == nil {
-		err = w.c.Write(ctx, websocket.MessageType(opPong), w.pongOut[:n])
+		err = w.c.Write(ctx, websocket.MessageType(opPong), pong)
 	}
 	return err
 }

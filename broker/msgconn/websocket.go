@@ -54,10 +54,16 @@ type WebSocket struct {
 	// lock, which a pong written by the reader would wait for).
 	writing bool
 	owing   bool // a pong is owed to the writer
-	// owed is the latest such ping's payload (at most 125 bytes, RFC 6455
-	// §5.5). A slice grown on the first owed pong, not an array in every
-	// socket: an idle socket's memory is a goal of its own.
-	owed []byte
+	// owed holds the latest such ping's payload, allocated on the first
+	// owed pong: not an array, nor even a slice header, in every socket,
+	// as an idle socket's memory is a goal of its own.
+	owed *owedPong
+}
+
+// owedPong is a ping payload (at most 125 bytes, RFC 6455 §5.5).
+type owedPong struct {
+	b [125]byte
+	n uint8
 }
 
 // pongWatch is the ping state of a WebSocket whose reader notes pongs: the
@@ -207,7 +213,10 @@ func (w *WebSocket) oweLocked(payload []byte) bool {
 	if !w.writing {
 		return false
 	}
-	w.owing, w.owed = true, append(w.owed[:0], payload...)
+	if w.owed == nil {
+		w.owed = new(owedPong)
+	}
+	w.owing, w.owed.n = true, uint8(copy(w.owed.b[:], payload))
 	return true
 }
 
@@ -467,7 +476,7 @@ func (w *WebSocket) writeMessage(ctx context.Context, typ MessageType, parts [][
 	owed := w.owing
 	var pong []byte // a copy: the reader may owe the next pong meanwhile
 	if owed {
-		pong = append([]byte(nil), w.owed...)
+		pong = append([]byte(nil), w.owed.b[:w.owed.n]...)
 		w.owing = false
 	}
 	w.pongMu.Unlock()

@@ -21,9 +21,11 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/hermes-securelink/securelink/internal/otheruid"
 )
 
-const nobody = 65534
+const nobody = otheruid.Nobody
 
 func TestMain(m *testing.M) {
 	sock := os.Getenv("ADMIN_TEST_SOCK")
@@ -56,41 +58,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// sharedDir is a directory every uid may enter, holding a copy of the test
-// binary that every uid may run (go test's own build directory is 0700).
-func sharedDir(t *testing.T) (dir, exe string) {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "admin-peer-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe = filepath.Join(dir, "admin.test")
-	if err := os.WriteFile(exe, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir, exe
-}
-
-// helper runs the test binary as uid in mode against sock.
-func helper(exe string, uid int, mode, sock string) *exec.Cmd {
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), "ADMIN_TEST_HELPER="+mode, "ADMIN_TEST_SOCK="+sock)
-	if uid != os.Getuid() {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-	}
-	return cmd
+// helper runs the test binary's copy in d as uid in mode against sock.
+func helper(d otheruid.Dir, uid int, mode, sock string) *exec.Cmd {
+	return d.Command(uid, []string{"ADMIN_TEST_HELPER=" + mode, "ADMIN_TEST_SOCK=" + sock})
 }
 
 func stateDir(t *testing.T, parent string, mode os.FileMode) string {
@@ -126,10 +96,11 @@ func TestClientRefusesAServerOfAnotherUser(t *testing.T) {
 		}
 		return
 	}
-	dir, exe := sharedDir(t)
+	d := otheruid.New(t)
+	dir := d.Path
 	state := stateDir(t, dir, 0o777) // root's, but anyone may bind in it
 	sock := filepath.Join(state, "admin.sock")
-	squatter := helper(exe, nobody, "serve", sock)
+	squatter := helper(d, nobody, "serve", sock)
 	stdin, err := squatter.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +145,8 @@ func TestClientRefusesAServerOfAnotherUser(t *testing.T) {
 // A socket the caller may not open says so and who may, instead of "no
 // daemon is running".
 func TestPermissionDeniedIsNotNoDaemon(t *testing.T) {
-	dir, exe := sharedDir(t)
+	d := otheruid.New(t)
+	dir := d.Path
 	state := stateDir(t, dir, 0o755)
 	sock := filepath.Join(state, "admin.sock")
 	s, err := Listen(sock, zerolog.Nop())
@@ -185,7 +157,7 @@ func TestPermissionDeniedIsNotNoDaemon(t *testing.T) {
 	defer s.Close()
 	var msg string
 	if os.Getuid() == 0 {
-		b, err := helper(exe, nobody, "dial", sock).CombinedOutput()
+		b, err := helper(d, nobody, "dial", sock).CombinedOutput()
 		if err != nil {
 			t.Fatalf("helper: %v %s", err, b)
 		}
@@ -227,9 +199,10 @@ func TestListenKeepsTheUmask(t *testing.T) {
 	if err != nil {
 		t.Skip("no strace to watch the umask calls")
 	}
-	dir, exe := sharedDir(t)
+	d := otheruid.New(t)
+	dir := d.Path
 	trace := filepath.Join(dir, "trace")
-	cmd := helper(exe, os.Getuid(), "listen", filepath.Join(dir, "admin.sock"))
+	cmd := helper(d, os.Getuid(), "listen", filepath.Join(dir, "admin.sock"))
 	cmd.Args = append([]string{strace, "-f", "-qq", "-e", "trace=umask", "-o", trace}, cmd.Path)
 	cmd.Path = strace
 	if b, err := cmd.CombinedOutput(); err != nil {

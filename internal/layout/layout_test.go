@@ -33,7 +33,7 @@ var layers = map[string]int{
 	"internal/surface":    0,
 	"internal/strictjson": 0, "internal/tlsconf": 0, "internal/policy": 0, "internal/probe": 0,
 	"internal/acme/acmetest": 0, "internal/deadline": 0, "internal/memprofile": 0,
-	"internal/rawsock": 0, "internal/rawsock/rawsocktest": 0,
+	"internal/rawsock": 0, "internal/rawsock/rawsocktest": 0, "internal/otheruid": 0,
 
 	// Bounded reads of regular files through atomicfile.
 	"internal/strictyaml": 1, "internal/trust": 1,

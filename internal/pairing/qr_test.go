@@ -8,10 +8,8 @@ import (
 	"image/color"
 	"image/png"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"unicode/utf8"
 
@@ -19,6 +17,7 @@ import (
 	zxqr "github.com/makiuchi-d/gozxing/qrcode"
 
 	"github.com/hermes-securelink/securelink/internal/atomicfile"
+	"github.com/hermes-securelink/securelink/internal/otheruid"
 )
 
 // realisticPayload is a signed payload with a plugin_proxy candidate built
@@ -274,31 +273,12 @@ func TestWritePNGIntoASharedDirectory(t *testing.T) {
 	}
 	out := filepath.Join(shared, fmt.Sprintf("securelink-qr-test-%d.png", os.Getpid()))
 	t.Cleanup(func() { os.Remove(out) })
-	bin := os.Args[0]
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		// nobody cannot reach the go-build directory: run a copy.
-		dir, err := os.MkdirTemp("", "securelink-qr-test-bin-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		exe, err := os.ReadFile(os.Args[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		bin = filepath.Join(dir, "pairing.test")
-		if err := os.WriteFile(bin, exe, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		cred = &syscall.Credential{Uid: 65534, Gid: 65534}
+	uid := os.Getuid()
+	if uid == 0 {
+		uid = otheruid.Nobody // root passes every owner check
 	}
-	cmd := exec.Command(bin, "-test.run=^TestWritePNGIntoASharedDirectory$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "SECURELINK_TEST_PNG_OUT="+out)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd := otheruid.New(t).Command(uid, []string{"SECURELINK_TEST_PNG_OUT=" + out},
+		"-test.run=^TestWritePNGIntoASharedDirectory$", "-test.count=1")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("pair --png into %s refused: %v\n%s", shared, err, b)
 	}

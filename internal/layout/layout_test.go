@@ -1,6 +1,7 @@
 // Package layout holds no code: its test checks the package tree itself —
 // which top-level folders may hold Go packages, and that every import of
-// shipped (non-test) code points down the layers of the design.
+// shipped (non-test) code points down the layers of the design, and that
+// broker/'s WebSockets are opened through msgconn (dial_test.go).
 package layout
 
 import (

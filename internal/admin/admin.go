@@ -50,6 +50,19 @@ type peer struct {
 // crashed daemon is replaced; a live one means another daemon owns this
 // state directory, which is refused.
 func Listen(path string, log zerolog.Logger) (*Server, error) {
+	// The client talks only to root or the owner of the socket's directory
+	// (NewClient): a daemon of another uid in, say, /tmp would be refused
+	// by its own commands, so it is refused here, at start, naming the key.
+	if euid := os.Geteuid(); euid != 0 {
+		o, err := atomicfile.OwnerOf(filepath.Dir(path))
+		if err != nil {
+			return nil, fmt.Errorf("admin socket: %w", err)
+		}
+		if o.UID != euid {
+			return nil, fmt.Errorf("admin.socket %s: its directory belongs to uid %d, not to the daemon's uid %d, so status, pair and revoke would refuse this daemon; put the socket in a directory the daemon's user owns (the default is <state_dir>/admin.sock)",
+				path, o.UID, euid)
+		}
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("admin socket %s exists and is not a socket", path)

@@ -216,3 +216,28 @@ func TestListenKeepsTheUmask(t *testing.T) {
 		t.Fatalf("Listen changed the process umask:\n%s", b)
 	}
 }
+
+// A daemon not running as root may not serve a socket in a directory it
+// does not own (here root's, writable by all, as /tmp is): its own clients
+// would refuse it as a squatter, so Listen refuses it first.
+func TestListenRefusesADirectoryOfAnotherOwner(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run the daemon side as another uid")
+	}
+	d := otheruid.New(t)
+	shared := stateDir(t, d.Path, 0o777) // root's, but anyone may bind in it
+	b, err := helper(d, nobody, "listen", filepath.Join(shared, "admin.sock")).CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "admin.socket") || !strings.Contains(string(b), "belongs to uid 0") {
+		t.Fatalf("nobody's Listen in root's shared directory: %v %s", err, b)
+	}
+	own := filepath.Join(d.Path, "own")
+	if err := os.Mkdir(own, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(own, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := helper(d, nobody, "listen", filepath.Join(own, "admin.sock")).CombinedOutput(); err != nil {
+		t.Fatalf("nobody's Listen in its own directory: %v %s", err, b)
+	}
+}

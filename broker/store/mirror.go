@@ -20,15 +20,10 @@ func (s *State) ApplyOp(op Op, now time.Time) bool {
 	case OpConsumed:
 		return s.consumed.Add(op.Digest, struct{}{}, op.ExpiresAt, now.Unix())
 	case OpRevoked:
-		// A digest this instance already holds as revoked keeps its host,
-		// so the host's share stays counted once (Add rewrites the value).
-		old, had := s.revoked.m[op.Digest]
-		if !s.revoked.Add(op.Digest, old.v, op.ExpiresAt, now.Unix()) {
-			return false
-		}
-		if cur := s.revoked.m[op.Digest]; had && !old.v.IsZero() && cur.exp != old.exp {
-			s.revokedBy.added(old.v, op.Digest, cur.exp, true)
-		}
+		// A digest already held as revoked keeps its host (zero: none),
+		// so that host's share stays counted once.
+		_, _, ok := s.putRevoked(op.Digest, s.revoked.m[op.Digest].v, op.ExpiresAt, now.Unix())
+		return ok
 	}
 	return true
 }

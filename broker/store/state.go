@@ -141,11 +141,28 @@ func (s *State) addRevoked(d wire.Digest, host wire.ID, exp, now int64) {
 	if exp <= now {
 		return // already expired: nothing to remember
 	}
-	old, had := s.revoked.m[d]
-	if !s.revoked.Add(d, host, exp, now) {
+	old, had, ok := s.putRevoked(d, host, exp, now)
+	if !ok {
 		return
 	}
 	s.emit(Op{Kind: OpRevoked, Digest: d, ExpiresAt: exp})
+	s.note(func() {
+		s.revoked.Remove(d)
+		if had {
+			s.restoreRevoked(d, old)
+		}
+	})
+}
+
+// putRevoked stores d as revoked by host until exp and keeps each host's
+// count in revokedBy right, for a revoke of this instance and one mirrored
+// from another alike; it returns the entry it replaced, and false when the
+// table had no room.
+func (s *State) putRevoked(d wire.Digest, host wire.ID, exp, now int64) (old tableEntry[wire.ID], had, ok bool) {
+	old, had = s.revoked.m[d]
+	if !s.revoked.Add(d, host, exp, now) {
+		return old, had, false
+	}
 	cur := s.revoked.m[d]
 	switch {
 	case had && old.v == cur.v:
@@ -160,12 +177,7 @@ func (s *State) addRevoked(d wire.Digest, host wire.ID, exp, now int64) {
 			s.revokedBy.added(cur.v, d, cur.exp, false)
 		}
 	}
-	s.note(func() {
-		s.revoked.Remove(d)
-		if had {
-			s.restoreRevoked(d, old)
-		}
-	})
+	return old, had, true
 }
 
 // evictRevoked forgets the revoked digest d before its expiry (Revoke says

@@ -286,8 +286,8 @@ func (c *Config) validateACME() error {
 // secrets serve refuses to start without — relay.proxy_secret_file when set,
 // reach.host_token_file when Reach is on — with the same reader and rules
 // serve uses, so doctor cannot pass a setup serve then refuses. Errors name
-// file:line and never a secret. serve runs it at start and on reload in acme
-// mode and reads the secrets itself; doctor runs it with its checks.
+// file:line and never a secret. doctor runs it with its checks; serve reads
+// the secrets itself and runs only CheckACMEFiles.
 func (c *Config) CheckFiles() error {
 	var errs []error
 	if c.Relay.ProxySecretFile != "" {
@@ -303,10 +303,23 @@ func (c *Config) CheckFiles() error {
 			errs = append(errs, c.Errorf("reach.host_token_file", "the token must be %d..%d characters", wire.MinWireToken, wire.MaxWireToken))
 		}
 	}
-	if c.TLS.Mode == "acme" {
-		for _, e := range c.TLS.ACME.CheckFiles() {
-			errs = append(errs, c.Errorf("tls.acme."+e.Key, "%v", e.Err))
-		}
+	if err := c.CheckACMEFiles(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// CheckACMEFiles is CheckFiles' part for tls.mode acme (the DNS
+// credentials and the CA root), which serve checks before it builds an
+// ACME manager: the secrets it reads at their own places, and a reach.*
+// change is a restart's, so a reload must not fail on them.
+func (c *Config) CheckACMEFiles() error {
+	if c.TLS.Mode != "acme" {
+		return nil
+	}
+	var errs []error
+	for _, e := range c.TLS.ACME.CheckFiles() {
+		errs = append(errs, c.Errorf("tls.acme."+e.Key, "%v", e.Err))
 	}
 	return errors.Join(errs...)
 }

@@ -27,7 +27,7 @@ type acmeBuilt struct {
 // running one when nothing it was built from changed, else a new one (not
 // started yet) in b.
 func (d *daemon) buildACME(e *config.Env, a pinning.Authority, id *pinning.Identity) (*pinning.Identity, *acmeBuilt, error) {
-	if err := e.Cfg.CheckFiles(); err != nil {
+	if err := e.Cfg.CheckACMEFiles(); err != nil {
 		return nil, nil, err
 	}
 	o := e.ACMEOptions(a, id.Signer())

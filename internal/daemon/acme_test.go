@@ -358,3 +358,32 @@ func TestACMEReloadFailingAtStartKeepsTheManagerRenewing(t *testing.T) {
 		t.Fatalf("served leaf expires %s, before the failed reload's %s", got, before.TLS.NotAfter)
 	}
 }
+
+// In acme mode a reload checks the tls.acme files only: turning Reach on
+// in the file (a restart's change) before its host token exists is
+// reported as needing a restart, as in self-signed mode, and does not fail
+// the whole reload on a file the running daemon does not read.
+func TestACMEReloadDoesNotFailOnAReachOnlyFile(t *testing.T) {
+	tc := acmetest.StartCA(t, acmetest.Options{})
+	dir := t.TempDir()
+	cfg := acmeConfig(t, dir, tc, fmt.Sprintf("    challenge: http-01\n    http_port: %d\n", tc.HTTPPort), "")
+	r := startOpts(t, cfg, Options{})
+	waitStatus(t, r, "the first certificate", tlsValid)
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reach := fmt.Sprintf("reach:\n  enabled: true\n  broker_url: \"wss://127.0.0.1:1/v1/connect\"\n  host_id: \"AAAAAAAAAAAAAAAAAAAAAA\"\n  host_token_file: %q\n",
+		filepath.Join(dir, "not-yet-written.token"))
+	if err := os.WriteFile(cfg, append(b, reach...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.reload <- syscall.SIGHUP
+	eventually45(t, func() string { return "no reload outcome: " + tail(r.logs.String()) }, func() bool {
+		l := r.logs.String()
+		return strings.Contains(l, `"event":"reload_partial"`) || strings.Contains(l, `"event":"reload_failed"`)
+	})
+	if l := r.logs.String(); strings.Contains(l, `"event":"reload_failed"`) {
+		t.Fatalf("the reload failed on the Reach-only host token file: %s", tail(l))
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/hermes-securelink/securelink/broker/connector"
 	"github.com/hermes-securelink/securelink/broker/wire"
 	"github.com/hermes-securelink/securelink/internal/admin"
+	"github.com/hermes-securelink/securelink/internal/atomicfile"
 	"github.com/hermes-securelink/securelink/internal/config"
 	"github.com/hermes-securelink/securelink/internal/pairing"
 	"github.com/hermes-securelink/securelink/internal/probe"
@@ -114,6 +115,14 @@ func Run(ctx context.Context, cfg *config.Config, cfgErr error, stateDir string,
 		add(Result{"config", Fail, err.Error(), "fix the file named at file:line"})
 	} else {
 		add(Result{"config", OK, src, ""})
+		// The warning serve logs for a host token its group may read.
+		if cfg.Reach.Enabled {
+			if fi, err := os.Stat(cfg.Reach.HostTokenFile); err == nil {
+				if w := atomicfile.GroupWarning("reach.host_token_file", cfg.Reach.HostTokenFile, fi.Mode(), "the host token"); w != "" {
+					add(Result{"config", Warn, w, "see the message"})
+				}
+			}
+		}
 	}
 
 	idOK, auth := checkStateAndIdentity(cfg, stateDir, o, add)

@@ -333,6 +333,15 @@ func TestDoctorReadsTheSecretsServeNeeds(t *testing.T) {
 	if r := find(t, f.run(t), "config"); r.Status != OK {
 		t.Fatalf("good secrets: %+v", r)
 	}
+	// A token its group may read: serve runs with it and warns; so does doctor.
+	f.cfg.Reach.HostTokenFile = write("tok3", good, 0o640)
+	var warned bool
+	for _, r := range f.run(t) {
+		warned = warned || r.Check == "config" && r.Status == Warn && strings.Contains(r.Detail, "members of its group")
+	}
+	if !warned {
+		t.Fatal("doctor did not warn about a group-readable host token")
+	}
 }
 
 // The broker answering is not the host being registered: a host the broker

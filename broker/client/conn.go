@@ -120,8 +120,6 @@ type Conn struct {
 	// keepalive does not count while a data write is in progress).
 	gate         *msgconn.WriteGate
 	writeTimeout time.Duration
-	progress     func()       // madeProgress, for the gate (made once)
-	progressAt   atomic.Int64 // monotonic ns (since monoBase) of the send's last progress
 
 	closed     chan struct{}
 	closeOnce  sync.Once
@@ -165,7 +163,6 @@ func newConn(ws msgconn.Conn, sid wire.ID, local, remote net.Addr, cfg Config, l
 		// keepalive would give a pong is a dead path, not backpressure.
 		writeTimeout: cfg.PongTimeout,
 	}
-	c.progress = c.madeProgress
 	if c.local == nil {
 		c.local = brokerAddr("local")
 	}
@@ -481,9 +478,8 @@ func (c *Conn) writeLoop() {
 // stream: a partial message cannot be resumed.
 func (c *Conn) send(b []byte) error {
 	stop := c.cutAtDeadline()
-	c.madeProgress()
 	c.pause.Enter()
-	err := c.gate.Write(msgconn.Binary, b, c.writeTimeout, c.progress)
+	err := c.gate.Write(msgconn.Binary, b, c.writeTimeout, nil)
 	c.pause.Leave()
 	if c.hookSent != nil {
 		c.hookSent()
@@ -497,7 +493,7 @@ func (c *Conn) send(b []byte) error {
 		return net.ErrClosed
 	case isClosed(c.wdl.Wait()):
 		return os.ErrDeadlineExceeded
-	case c.stalled():
+	case errors.Is(err, msgconn.ErrWriteStalled):
 		c.log.Warn().Dur("write_timeout", c.writeTimeout).Msg("broker took no stream bytes within the write timeout; dropping the stream")
 		return fmt.Errorf("%w: the broker took no stream bytes for %v", ErrConnectionLost, c.writeTimeout)
 	case isClosed(c.readerDone) && c.readErr == io.EOF:
@@ -544,19 +540,6 @@ func (c *Conn) cutAtDeadline() (stop func()) {
 		close(done)
 	}
 }
-
-// madeProgress notes that the send in progress began or that the broker
-// took a fragment of it (the gate's progress).
-func (c *Conn) madeProgress() { c.progressAt.Store(int64(time.Since(monoBase))) }
-
-// stalled reports whether the failed send made no progress for
-// writeTimeout: the gate cut it.
-func (c *Conn) stalled() bool {
-	return time.Since(monoBase)-time.Duration(c.progressAt.Load()) >= c.writeTimeout
-}
-
-// monoBase anchors progressAt on the monotonic clock.
-var monoBase = time.Now()
 
 // flush stops new Writes and waits until the writer has sent what was
 // queued, or failed, for at most closeFlushTimeout.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -167,6 +168,11 @@ func TestStalledPathEndsAWrite(t *testing.T) {
 	case err := <-errc:
 		if !errors.Is(err, ErrConnectionLost) {
 			t.Fatalf("write on a stalled path: %v, want ErrConnectionLost", err)
+		}
+		// Named as the write watch's cut (msgconn.ErrWriteStalled), not
+		// as any other loss of the socket.
+		if !strings.Contains(err.Error(), "took no stream bytes") {
+			t.Fatalf("write on a stalled path: %v, want the stall named", err)
 		}
 	case <-time.After(testenv.Step):
 		t.Fatalf("a write on a stalled path still blocks %v later (the bound is %v of no progress)", testenv.Step, pongTimeout)

@@ -40,6 +40,11 @@ func (t MessageType) String() string {
 // 1009.
 var ErrTooBig = errors.New("reach: message exceeds the read limit")
 
+// ErrWriteStalled is what a WriteGate's write on the WebSocket adapter
+// returns (wrapped) when its write watch cut the socket: a fragment the
+// peer did not take within the timeout, not any other failure.
+var ErrWriteStalled = errors.New("reach: the peer took no bytes within the write timeout")
+
 // CloseError is what Read returns once the peer closed the socket with a
 // close frame: its status code and reason. A socket that broke without one
 // returns some other error.

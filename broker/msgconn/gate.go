@@ -2,6 +2,7 @@ package msgconn
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -202,6 +203,7 @@ func (g *WriteGate) fallback(timeout time.Duration, write func(context.Context) 
 type writeWatch struct {
 	deadline atomic.Int64 // monotonic ns (mono) of the write in progress; 0: none
 	armed    atomic.Bool
+	cut      atomic.Bool  // the timer cut the socket (ErrWriteStalled)
 	mu       sync.Mutex   // t, at
 	t        *time.Timer  // fires at at (mono) while armed
 	at       atomic.Int64 // when the armed timer fires (mono)
@@ -229,12 +231,21 @@ func (w *writeWatch) begin(d time.Duration, c closer) {
 
 func (w *writeWatch) end() { w.deadline.Store(0) }
 
+// stalled marks err as the watch's when the watch cut the socket.
+func (w *writeWatch) stalled(err error) error {
+	if err != nil && w.cut.Load() {
+		return fmt.Errorf("%w (%v)", ErrWriteStalled, err)
+	}
+	return err
+}
+
 func (w *writeWatch) arm(d time.Duration, c closer) {
 	w.mu.Lock()
 	w.at.Store(mono() + int64(d))
 	if w.t == nil {
 		w.t = time.AfterFunc(d, func() {
 			if w.fire(c) {
+				w.cut.Store(true)
 				c.CloseNow()
 			}
 		})

@@ -239,3 +239,52 @@ func (l slowListener) Accept() (net.Conn, error) {
 	}
 	return l.wrap(c), nil
 }
+
+// A WriteGate bounds each fragment of a message by the timeout, with or
+// without a progress callback (the client passes none): a message to a
+// slow but moving peer that takes several timeouts in all is not cut.
+func TestGateBoundsEachFragmentWithoutProgress(t *testing.T) {
+	t.Parallel()
+	l := listenTCP(t)
+	var fast atomic.Bool
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			c, err := websocket.Accept(rw, r, nil)
+			if err != nil {
+				return
+			}
+			c.SetReadLimit(-1)
+			for {
+				if _, _, err := c.Read(r.Context()); err != nil {
+					return
+				}
+			}
+		}),
+	}
+	go srv.Serve(slowListener{l, func(c net.Conn) net.Conn {
+		smallBuffers(c)
+		return &slowConn{Conn: c, chunk: 1 << 10, pause: 20 * time.Millisecond, fast: &fast}
+	}})
+	t.Cleanup(func() { srv.Close() })
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			smallBuffers(c)
+		}
+		return c, err
+	}}}
+	w, _, err := Dial(testCtx(t), "ws://"+l.Addr().String()+"/", &websocket.DialOptions{HTTPClient: hc}, "peer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.CloseNow()
+	// 256 KiB at ~25 KiB/s (1 KiB per 20 ms, framing and reads between):
+	// ~10 s in all, each 64 KiB fragment ~2.5 s of the 6 s bound.
+	start := time.Now()
+	if err := NewWriteGate(w).Write(Binary, make([]byte, 256<<10), 6*time.Second, nil); err != nil {
+		t.Fatalf("a message moving at the peer's pace was cut after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+	if took := time.Since(start); took < 6*time.Second {
+		t.Fatalf("the message took %v: the peer was not slow enough to test the per-fragment bound", took)
+	}
+}

@@ -442,15 +442,19 @@ func (w *WebSocket) sendHeld(ctx context.Context) error {
 func (w *WebSocket) writeWithin(typ MessageType, parts [][]byte, timeout time.Duration, progress func()) error {
 	w.watch.begin(timeout, w.c)
 	after := progress
-	if progress != nil && (len(parts) > 1 || len(parts[0]) > fragment) {
+	if len(parts) > 1 || len(parts[0]) > fragment {
+		// Each fragment gets its own timeout, with or without a progress
+		// callback.
 		after = func() {
-			progress()
+			if progress != nil {
+				progress()
+			}
 			w.watch.begin(timeout, w.c)
 		}
 	}
 	err := w.write(context.Background(), typ, parts, after)
 	w.watch.end()
-	return err
+	return w.watch.stalled(err)
 }
 
 // sendHeldWithin is a WriteGate's SendHeld.
@@ -461,7 +465,7 @@ func (w *WebSocket) sendHeldWithin(timeout time.Duration) error {
 	w.watch.begin(timeout, w.c)
 	err := w.batch.Release()
 	w.watch.end()
-	return err
+	return w.watch.stalled(err)
 }
 
 // writeMessage writes one message, then the pong a ping that arrived

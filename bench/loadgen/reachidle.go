@@ -105,7 +105,7 @@ func cmdReachIdle(args []string) error {
 	}
 	if *nHosts < 1 || *warm < 0 || *nHosts+*warm > maxIdleHosts || *streamHosts < 0 || *streamHosts > *nHosts ||
 		*perHost < 1 || *perHost > maxStreamsPerHst || *settle < 0 || *settle > maxDuration || *par < 1 || *par > 256 || *hold < 0 || *hold > maxDuration {
-		return errors.New("bad -hosts-n/-stream-hosts/-streams-per-host/-settle/-parallel/-hold")
+		return errors.New("bad -hosts-n/-warm/-stream-hosts/-streams-per-host/-settle/-parallel/-hold")
 	}
 	roots, err := parsePIDs(*pids)
 	if err != nil || len(roots) == 0 {
